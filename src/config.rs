@@ -1,0 +1,918 @@
+//! Configuration: the TOML file, `TOMBSTONED_*` environment overrides and command-line overrides,
+//! merged with the defaults and validated once into typed values the rest of the program trusts.
+//!
+//! Precedence, highest first: command-line flag > environment > file > defaults. The environment
+//! names a key as `TOMBSTONED_<SECTION>__<KEY>` (e.g. `TOMBSTONED_CLEANUP__BATCH_SIZE=500`); the
+//! database URL may also come from `TOMBSTONED_DATABASE_URL` or, last, the conventional
+//! `DATABASE_URL`. Unknown keys, in the file or the environment, are errors that name the key.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::Schedule;
+
+/// API semantic versions this build understands; the first is the newest.
+pub const SUPPORTED_API_VERSIONS: &[&str] = &["2026-12-01"];
+
+/// Why the configuration could not be loaded. Every variant names the file, variable or key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The configuration file could not be read.
+    #[error("cannot read configuration file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or a key is unknown or has the wrong type.
+    #[error("invalid configuration in {origin}: {message}")]
+    Parse {
+        /// The file, or "the environment and defaults" when there is no file.
+        origin: String,
+        /// The TOML parser's message (it names the key and the line).
+        message: String,
+    },
+    /// A `TOMBSTONED_<SECTION>__<KEY>` variable names no configuration key.
+    #[error("unknown configuration key `{key}` (from environment variable {var})")]
+    UnknownEnvKey {
+        /// The environment variable.
+        var: String,
+        /// The key it maps to.
+        key: String,
+    },
+    /// An environment value does not have the type of its key.
+    #[error("environment variable {var}: expected {expected}, got {value:?}")]
+    BadEnvValue {
+        /// The environment variable.
+        var: String,
+        /// What the key takes.
+        expected: &'static str,
+        /// What was found.
+        value: String,
+    },
+    /// A value parsed but is not acceptable.
+    #[error("invalid value for `{key}`: {reason}")]
+    Invalid {
+        /// The dotted key, e.g. `cleanup.lock_timeout`.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `[database]`
+    pub database: DatabaseConfig,
+    /// `[retention]`
+    pub retention: RetentionConfig,
+    /// `[cleanup]`
+    pub cleanup: CleanupConfig,
+    /// `[api]`
+    pub api: ApiConfig,
+    /// `[metrics]`
+    pub metrics: MetricsConfig,
+    /// The file this was loaded from, if any.
+    pub source: Option<PathBuf>,
+}
+
+/// `[database]`: where the records live.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// The connection URL or key=value string; printed only redacted.
+    pub url: DatabaseUrl,
+    /// PostgreSQL schema holding every object tombstoned creates; a plain lower-case identifier.
+    pub schema: String,
+    /// Connections in the API pool.
+    pub pool_size: usize,
+    /// Bound on establishing one connection.
+    pub connect_timeout: Duration,
+}
+
+/// `[retention]`: how long responses are replayable, and whether tombstones ever go.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetentionConfig {
+    /// A stored response is replayable this long after its claim.
+    pub replay_window: Duration,
+    /// Delete tombstones this long after they expired, reopening their keys; `None` keeps them.
+    pub purge_tombstones_after: Option<Duration>,
+}
+
+/// What a cleanup batch does with a row another transaction has locked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLocked {
+    /// Wait for the holder, at most `cleanup.lock_timeout`.
+    Wait,
+    /// Leave the row for a later run (`SKIP LOCKED`).
+    Skip,
+}
+
+/// `[cleanup]`: the tombstoning worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CleanupConfig {
+    /// Whether `serve` schedules cleanup runs.
+    pub enabled: bool,
+    /// When runs fire (UTC).
+    pub schedule: Schedule,
+    /// Rows per batch transaction.
+    pub batch_size: u32,
+    /// How long a batch waits for a row lock (FOR SHARE replay readers).
+    pub lock_timeout: Duration,
+    /// Bound on every statement of a batch.
+    pub statement_timeout: Duration,
+    /// Wait for locked rows or skip them.
+    pub on_locked: OnLocked,
+    /// A run stops starting batches after this long.
+    pub max_run_time: Duration,
+    /// Sleep between batches, to throttle.
+    pub pause_between_batches: Duration,
+}
+
+/// `[api]`: the claim/replay HTTP endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiConfig {
+    /// Whether `serve` starts the HTTP API.
+    pub enabled: bool,
+    /// Address the API listens on.
+    pub listen: SocketAddr,
+    /// How long a claim waits on an in-flight owner of the same key before answering 409.
+    pub claim_lock_timeout: Duration,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// ISO 4217 code (upper case) used when a request names no currency.
+    pub default_currency: String,
+    /// API version used when a request sends no `Api-Version` header.
+    pub default_api_version: String,
+    /// Sustained requests per second allowed per principal.
+    pub rate_limit_per_second: u32,
+    /// Requests a principal may send in a burst.
+    pub rate_limit_burst: u32,
+    /// The bearer-token file, resolved against the configuration file's directory.
+    pub tokens_file: PathBuf,
+}
+
+/// `[metrics]`: the Prometheus and health listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsConfig {
+    /// Address serving `/metrics`, `/healthz` and `/readyz`.
+    pub listen: SocketAddr,
+}
+
+/// A database connection string that never prints its password.
+#[derive(Clone)]
+pub struct DatabaseUrl {
+    raw: String,
+    parsed: tokio_postgres::Config,
+}
+
+impl DatabaseUrl {
+    /// Parses a `postgresql://` URL or a libpq key=value string.
+    pub fn parse(raw: &str) -> Result<Self, ConfigError> {
+        let parsed = raw
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| ConfigError::Invalid {
+                key: "database.url",
+                reason: format!("{} ({e})", redact_url(raw)),
+            })?;
+        Ok(Self {
+            raw: raw.to_owned(),
+            parsed,
+        })
+    }
+
+    /// The parsed connection settings.
+    pub fn pg_config(&self) -> &tokio_postgres::Config {
+        &self.parsed
+    }
+
+    /// The string exactly as configured. Contains the password, if any: never log it.
+    pub fn expose(&self) -> &str {
+        &self.raw
+    }
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(&self.raw))
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DatabaseUrl({self})")
+    }
+}
+
+/// Masks the password of a `scheme://user:password@host` URL or of a `password=...` pair.
+pub fn redact_url(raw: &str) -> String {
+    if let Some(scheme_end) = raw.find("://") {
+        let rest = &raw[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            if let Some(colon) = rest[..at].find(':') {
+                return format!(
+                    "{}{}:***{}",
+                    &raw[..scheme_end + 3],
+                    &rest[..colon],
+                    &rest[at..]
+                );
+            }
+        }
+        // Also mask `?password=` query parameters.
+        return mask_pairs(raw, '&');
+    }
+    mask_pairs(raw, ' ')
+}
+
+fn mask_pairs(raw: &str, separator: char) -> String {
+    let Some(start) = raw.find("password=") else {
+        return raw.to_owned();
+    };
+    let value_start = start + "password=".len();
+    let value_end = raw[value_start..]
+        .find(separator)
+        .map_or(raw.len(), |i| value_start + i);
+    format!("{}***{}", &raw[..value_start], &raw[value_end..])
+}
+
+/// A value set on the command line, which beats every other source.
+#[derive(Debug, Clone)]
+pub struct Override {
+    /// Section name, e.g. `cleanup`.
+    pub section: &'static str,
+    /// Key name, e.g. `batch_size`.
+    pub key: &'static str,
+    /// The value, typed as the key is in the file.
+    pub value: toml::Value,
+}
+
+// ---- raw (file-shaped) configuration -------------------------------------------------------
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawConfig {
+    database: RawDatabase,
+    retention: RawRetention,
+    cleanup: RawCleanup,
+    api: RawApi,
+    metrics: RawMetrics,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawDatabase {
+    url: String,
+    schema: String,
+    pool_size: i64,
+    connect_timeout: String,
+}
+
+impl Default for RawDatabase {
+    fn default() -> Self {
+        Self {
+            url: "postgresql://tombstoned@localhost/app".into(),
+            schema: "tombstoned".into(),
+            pool_size: 16,
+            connect_timeout: "5s".into(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawRetention {
+    replay_window: String,
+    purge_tombstones_after: String,
+}
+
+impl Default for RawRetention {
+    fn default() -> Self {
+        Self {
+            replay_window: "24h".into(),
+            purge_tombstones_after: "off".into(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawCleanup {
+    enabled: bool,
+    schedule: String,
+    batch_size: i64,
+    lock_timeout: String,
+    statement_timeout: String,
+    on_locked: OnLocked,
+    max_run_time: String,
+    pause_between_batches: String,
+}
+
+impl Default for RawCleanup {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            schedule: "*/5 * * * *".into(),
+            batch_size: 1000,
+            lock_timeout: "5s".into(),
+            statement_timeout: "30s".into(),
+            on_locked: OnLocked::Wait,
+            max_run_time: "4m".into(),
+            pause_between_batches: "0s".into(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawApi {
+    enabled: bool,
+    listen: String,
+    claim_lock_timeout: String,
+    max_body_bytes: i64,
+    default_currency: String,
+    default_api_version: String,
+    rate_limit_per_second: i64,
+    rate_limit_burst: i64,
+    tokens_file: String,
+}
+
+impl Default for RawApi {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: "127.0.0.1:8080".into(),
+            claim_lock_timeout: "2s".into(),
+            max_body_bytes: 16384,
+            default_currency: "CNY".into(),
+            default_api_version: SUPPORTED_API_VERSIONS[0].into(),
+            rate_limit_per_second: 50,
+            rate_limit_burst: 100,
+            tokens_file: "tokens.toml".into(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawMetrics {
+    listen: String,
+}
+
+impl Default for RawMetrics {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9187".into(),
+        }
+    }
+}
+
+// ---- loading -------------------------------------------------------------------------------
+
+impl Config {
+    /// Loads the configuration from the process environment and an optional file.
+    pub fn load(path: Option<&Path>, overrides: &[Override]) -> Result<Self, ConfigError> {
+        Self::load_from(path, std::env::vars(), overrides)
+    }
+
+    /// Loads the configuration from an explicit environment (tests pass their own).
+    pub fn load_from(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[Override],
+    ) -> Result<Self, ConfigError> {
+        let (mut table, origin) = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                let table: toml::Table =
+                    text.parse()
+                        .map_err(|e: toml::de::Error| ConfigError::Parse {
+                            origin: path.display().to_string(),
+                            message: e.to_string(),
+                        })?;
+                (table, path.display().to_string())
+            }
+            None => (
+                toml::Table::new(),
+                "the environment and defaults".to_owned(),
+            ),
+        };
+        apply_env(&mut table, env)?;
+        for o in overrides {
+            section_mut(&mut table, o.section).insert(o.key.to_owned(), o.value.clone());
+        }
+        let raw: RawConfig =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    origin,
+                    message: e.to_string().trim_end().to_owned(),
+                })?;
+        let base_dir = path
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let mut config = validate(raw, &base_dir)?;
+        config.source = path.map(Path::to_path_buf);
+        Ok(config)
+    }
+}
+
+fn section_mut<'t>(table: &'t mut toml::Table, section: &str) -> &'t mut toml::Table {
+    let entry = table
+        .entry(section.to_owned())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if !entry.is_table() {
+        // A scalar where a section belongs; replacing it lets deserialisation report the key.
+        *entry = toml::Value::Table(toml::Table::new());
+    }
+    match entry {
+        toml::Value::Table(t) => t,
+        _ => unreachable!("replaced by a table just above"),
+    }
+}
+
+/// Applies `TOMBSTONED_<SECTION>__<KEY>` and the database URL variables onto the file's table.
+fn apply_env(
+    table: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    let defaults = toml::Table::try_from(RawConfig::default()).map_err(|e| ConfigError::Parse {
+        origin: "built-in defaults".into(),
+        message: e.to_string(),
+    })?;
+    let mut database_url = None;
+    let mut generic_url = None;
+    let mut vars: Vec<(String, String)> = env.into_iter().collect();
+    vars.sort(); // deterministic error reporting
+    for (var, value) in vars {
+        match var.as_str() {
+            "TOMBSTONED_DATABASE_URL" => {
+                database_url = Some(value);
+                continue;
+            }
+            "DATABASE_URL" => {
+                generic_url = Some(value);
+                continue;
+            }
+            _ => {}
+        }
+        let Some(rest) = var.strip_prefix("TOMBSTONED_") else {
+            continue;
+        };
+        let Some((section, key)) = rest.split_once("__") else {
+            continue; // TOMBSTONED_CONFIG, TOMBSTONED_PG_BIN, ... are not configuration keys
+        };
+        let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
+        let Some(default) = defaults
+            .get(&section)
+            .and_then(|s| s.as_table())
+            .and_then(|s| s.get(&key))
+        else {
+            return Err(ConfigError::UnknownEnvKey {
+                var,
+                key: format!("{section}.{key}"),
+            });
+        };
+        let typed = match default {
+            toml::Value::Integer(_) => {
+                toml::Value::Integer(value.trim().parse().map_err(|_| {
+                    ConfigError::BadEnvValue {
+                        var: var.clone(),
+                        expected: "an integer",
+                        value: value.clone(),
+                    }
+                })?)
+            }
+            toml::Value::Boolean(_) => match value.trim() {
+                "true" => toml::Value::Boolean(true),
+                "false" => toml::Value::Boolean(false),
+                _ => {
+                    return Err(ConfigError::BadEnvValue {
+                        var,
+                        expected: "true or false",
+                        value,
+                    })
+                }
+            },
+            _ => toml::Value::String(value),
+        };
+        section_mut(table, &section).insert(key, typed);
+    }
+    // TOMBSTONED_DATABASE__URL was applied above; TOMBSTONED_DATABASE_URL beats it, and the
+    // generic DATABASE_URL only fills in when nothing tombstoned-specific names a URL.
+    let db = section_mut(table, "database");
+    if let Some(url) = database_url {
+        db.insert("url".into(), toml::Value::String(url));
+    } else if let Some(url) = generic_url {
+        db.entry("url").or_insert(toml::Value::String(url));
+    }
+    Ok(())
+}
+
+// ---- validation ----------------------------------------------------------------------------
+
+fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(text.trim()).map_err(|e| ConfigError::Invalid {
+        key,
+        reason: format!("{text:?} is not a duration ({e}); write e.g. \"250ms\", \"5s\", \"24h\""),
+    })
+}
+
+/// A duration PostgreSQL will take as a timeout: at least 1 ms (0 would mean "wait forever").
+fn timeout(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let d = duration(key, text)?;
+    if d < Duration::from_millis(1) {
+        return Err(ConfigError::Invalid {
+            key,
+            reason: format!("{text:?} must be at least 1ms: zero would disable the bound"),
+        });
+    }
+    if d > Duration::from_millis(i32::MAX as u64) {
+        return Err(ConfigError::Invalid {
+            key,
+            reason: format!("{text:?} is longer than PostgreSQL accepts (~24 days)"),
+        });
+    }
+    Ok(d)
+}
+
+fn positive(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let d = duration(key, text)?;
+    if d.is_zero() {
+        return Err(ConfigError::Invalid {
+            key,
+            reason: "must be greater than zero".into(),
+        });
+    }
+    Ok(d)
+}
+
+fn in_range<T: TryFrom<i64>>(
+    key: &'static str,
+    v: i64,
+    min: i64,
+    max: i64,
+) -> Result<T, ConfigError> {
+    if v < min || v > max {
+        return Err(ConfigError::Invalid {
+            key,
+            reason: format!("{v} is outside {min}..={max}"),
+        });
+    }
+    T::try_from(v).map_err(|_| ConfigError::Invalid {
+        key,
+        reason: format!("{v} does not fit"),
+    })
+}
+
+fn socket_addr(key: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| ConfigError::Invalid {
+        key,
+        reason: format!("{text:?} is not an IP:port address, e.g. \"127.0.0.1:8080\""),
+    })
+}
+
+/// A schema name we can splice into DDL after quoting: lower-case letters, digits, underscores.
+fn schema_name(text: &str) -> Result<String, ConfigError> {
+    let ok = !text.is_empty()
+        && text.len() <= 63
+        && text.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !text.starts_with("pg_");
+    if ok {
+        Ok(text.to_owned())
+    } else {
+        Err(ConfigError::Invalid {
+            key: "database.schema",
+            reason: format!(
+                "{text:?} must be 1-63 lower-case letters, digits or underscores, \
+                 start with a letter or underscore, and not start with pg_"
+            ),
+        })
+    }
+}
+
+fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
+    let RawConfig {
+        database,
+        retention,
+        cleanup,
+        api,
+        metrics,
+    } = raw;
+
+    let database = DatabaseConfig {
+        url: DatabaseUrl::parse(&database.url)?,
+        schema: schema_name(&database.schema)?,
+        pool_size: in_range("database.pool_size", database.pool_size, 1, 1000)?,
+        connect_timeout: positive("database.connect_timeout", &database.connect_timeout)?,
+    };
+
+    let purge = retention.purge_tombstones_after.trim();
+    let retention = RetentionConfig {
+        replay_window: positive("retention.replay_window", &retention.replay_window)?,
+        purge_tombstones_after: if purge.eq_ignore_ascii_case("off") {
+            None
+        } else {
+            Some(positive("retention.purge_tombstones_after", purge)?)
+        },
+    };
+
+    let cleanup = CleanupConfig {
+        enabled: cleanup.enabled,
+        schedule: Schedule::parse(&cleanup.schedule).map_err(|e| ConfigError::Invalid {
+            key: "cleanup.schedule",
+            reason: e.to_string(),
+        })?,
+        batch_size: in_range("cleanup.batch_size", cleanup.batch_size, 1, 100_000)?,
+        lock_timeout: timeout("cleanup.lock_timeout", &cleanup.lock_timeout)?,
+        statement_timeout: timeout("cleanup.statement_timeout", &cleanup.statement_timeout)?,
+        on_locked: cleanup.on_locked,
+        max_run_time: positive("cleanup.max_run_time", &cleanup.max_run_time)?,
+        pause_between_batches: duration(
+            "cleanup.pause_between_batches",
+            &cleanup.pause_between_batches,
+        )?,
+    };
+    if cleanup.lock_timeout >= cleanup.statement_timeout {
+        return Err(ConfigError::Invalid {
+            key: "cleanup.lock_timeout",
+            reason: format!(
+                "{} must be shorter than cleanup.statement_timeout ({}), or lock waits end as \
+                 statement timeouts and the batch cannot isolate the held row",
+                humantime::format_duration(cleanup.lock_timeout),
+                humantime::format_duration(cleanup.statement_timeout)
+            ),
+        });
+    }
+
+    let currency = api.default_currency.trim().to_ascii_uppercase();
+    match iso_currency::Currency::from_code(&currency) {
+        Some(c) if c.exponent().is_some() => {}
+        Some(_) => {
+            return Err(ConfigError::Invalid {
+                key: "api.default_currency",
+                reason: format!("{currency} has no minor unit (not a currency orders can use)"),
+            })
+        }
+        None => {
+            return Err(ConfigError::Invalid {
+                key: "api.default_currency",
+                reason: format!("{:?} is not an ISO 4217 code", api.default_currency),
+            })
+        }
+    }
+    if !SUPPORTED_API_VERSIONS.contains(&api.default_api_version.as_str()) {
+        return Err(ConfigError::Invalid {
+            key: "api.default_api_version",
+            reason: format!(
+                "{:?} is not a supported version (supported: {})",
+                api.default_api_version,
+                SUPPORTED_API_VERSIONS.join(", ")
+            ),
+        });
+    }
+    let api = ApiConfig {
+        enabled: api.enabled,
+        listen: socket_addr("api.listen", &api.listen)?,
+        claim_lock_timeout: timeout("api.claim_lock_timeout", &api.claim_lock_timeout)?,
+        max_body_bytes: in_range("api.max_body_bytes", api.max_body_bytes, 256, 16 << 20)?,
+        default_currency: currency,
+        default_api_version: api.default_api_version,
+        rate_limit_per_second: in_range(
+            "api.rate_limit_per_second",
+            api.rate_limit_per_second,
+            1,
+            1_000_000,
+        )?,
+        rate_limit_burst: in_range("api.rate_limit_burst", api.rate_limit_burst, 1, 1_000_000)?,
+        tokens_file: base_dir.join(&api.tokens_file),
+    };
+
+    let metrics = MetricsConfig {
+        listen: socket_addr("metrics.listen", &metrics.listen)?,
+    };
+    if api.enabled && api.listen == metrics.listen {
+        return Err(ConfigError::Invalid {
+            key: "metrics.listen",
+            reason: format!("{} is also api.listen", metrics.listen),
+        });
+    }
+
+    Ok(Config {
+        database,
+        retention,
+        cleanup,
+        api,
+        metrics,
+        source: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn shipped_example_is_valid_and_matches_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/tombstoned.toml");
+        let c = Config::load_from(Some(&path), env(&[]), &[]).unwrap();
+        let d = Config::load_from(None, env(&[]), &[]).unwrap();
+        assert_eq!(c.cleanup, d.cleanup);
+        assert_eq!(c.retention, d.retention);
+        assert_eq!(c.database.schema, "tombstoned");
+        assert_eq!(c.database.pool_size, 16);
+        assert_eq!(c.cleanup.batch_size, 1000);
+        assert_eq!(c.cleanup.schedule.expression(), "*/5 * * * *");
+        assert_eq!(c.retention.replay_window, Duration::from_secs(24 * 3600));
+        assert_eq!(c.retention.purge_tombstones_after, None);
+        assert_eq!(
+            c.api.tokens_file,
+            path.parent().unwrap().join("tokens.toml")
+        );
+        assert_eq!(c.api.default_currency, "CNY");
+    }
+
+    #[test]
+    fn precedence_is_flag_then_env_then_file_then_default() {
+        let f = file("[cleanup]\nbatch_size = 10\nlock_timeout = \"1s\"\n");
+        let flag = Override {
+            section: "cleanup",
+            key: "batch_size",
+            value: toml::Value::Integer(30),
+        };
+        let c = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap();
+        assert_eq!(c.cleanup.batch_size, 10, "file beats default");
+        assert_eq!(
+            c.cleanup.statement_timeout,
+            Duration::from_secs(30),
+            "default"
+        );
+        let e = env(&[("TOMBSTONED_CLEANUP__BATCH_SIZE", "20")]);
+        let c = Config::load_from(Some(f.path()), e.clone(), &[]).unwrap();
+        assert_eq!(c.cleanup.batch_size, 20, "env beats file");
+        assert_eq!(c.cleanup.lock_timeout, Duration::from_secs(1), "file kept");
+        let c = Config::load_from(Some(f.path()), e, &[flag]).unwrap();
+        assert_eq!(c.cleanup.batch_size, 30, "flag beats env");
+    }
+
+    #[test]
+    fn database_url_sources() {
+        let f = file("[database]\nurl = \"postgresql://file@h/db\"\n");
+        let load = |pairs: &[(&str, &str)]| {
+            Config::load_from(Some(f.path()), env(pairs), &[])
+                .unwrap()
+                .database
+                .url
+                .expose()
+                .to_owned()
+        };
+        assert_eq!(load(&[]), "postgresql://file@h/db");
+        assert_eq!(
+            load(&[("DATABASE_URL", "postgresql://generic@h/db")]),
+            "postgresql://file@h/db",
+            "DATABASE_URL only fills in"
+        );
+        assert_eq!(
+            load(&[
+                ("DATABASE_URL", "postgresql://generic@h/db"),
+                ("TOMBSTONED_DATABASE_URL", "postgresql://specific@h/db"),
+                ("TOMBSTONED_DATABASE__URL", "postgresql://sectioned@h/db"),
+            ]),
+            "postgresql://specific@h/db"
+        );
+        let c = Config::load_from(None, env(&[("DATABASE_URL", "postgresql://g@h/db")]), &[]);
+        assert_eq!(c.unwrap().database.url.expose(), "postgresql://g@h/db");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_naming_the_key() {
+        let f = file("[cleanup]\nbatchsize = 10\n");
+        let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+        assert!(e.to_string().contains("batchsize"), "{e}");
+        let f = file("[cleanups]\nbatch_size = 10\n");
+        let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+        assert!(e.to_string().contains("cleanups"), "{e}");
+        let e = Config::load_from(None, env(&[("TOMBSTONED_CLEANUP__BATCHSIZE", "1")]), &[])
+            .unwrap_err();
+        assert!(e.to_string().contains("cleanup.batchsize"), "{e}");
+        assert!(
+            e.to_string().contains("TOMBSTONED_CLEANUP__BATCHSIZE"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let cases = [
+            (
+                "[cleanup]\nlock_timeout = \"5 parsecs\"\n",
+                "cleanup.lock_timeout",
+            ),
+            ("[cleanup]\nlock_timeout = \"0s\"\n", "cleanup.lock_timeout"),
+            ("[cleanup]\nlock_timeout = \"1m\"\n", "cleanup.lock_timeout"),
+            (
+                "[cleanup]\nschedule = \"every 5 minutes\"\n",
+                "cleanup.schedule",
+            ),
+            ("[cleanup]\nschedule = \"* * * * 9\"\n", "cleanup.schedule"),
+            ("[cleanup]\nbatch_size = 0\n", "cleanup.batch_size"),
+            ("[cleanup]\non_locked = \"maybe\"\n", "maybe"),
+            (
+                "[retention]\npurge_tombstones_after = \"never\"\n",
+                "purge_tombstones_after",
+            ),
+            (
+                "[database]\nschema = \"Robert'); DROP\"\n",
+                "database.schema",
+            ),
+            (
+                "[api]\ndefault_currency = \"ZZZ\"\n",
+                "api.default_currency",
+            ),
+            (
+                "[api]\ndefault_currency = \"XAU\"\n",
+                "api.default_currency",
+            ),
+            (
+                "[api]\ndefault_api_version = \"1999-01-01\"\n",
+                "api.default_api_version",
+            ),
+            ("[api]\nlisten = \"localhost\"\n", "api.listen"),
+            ("[cleanup]\nbatch_size = \"ten\"\n", "batch_size"),
+        ];
+        for (text, needle) in cases {
+            let f = file(text);
+            let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+            assert!(e.to_string().contains(needle), "{text:?}: {e}");
+        }
+        let e = Config::load_from(
+            None,
+            env(&[("TOMBSTONED_CLEANUP__BATCH_SIZE", "lots")]),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("expected an integer"), "{e}");
+    }
+
+    #[test]
+    fn purge_accepts_a_duration() {
+        let f = file("[retention]\npurge_tombstones_after = \"400d\"\n");
+        let c = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap();
+        assert_eq!(
+            c.retention.purge_tombstones_after,
+            Some(Duration::from_secs(400 * 86400))
+        );
+    }
+
+    #[test]
+    fn passwords_never_print() {
+        assert_eq!(
+            redact_url("postgresql://u:s3cret@db:5432/app?sslmode=disable"),
+            "postgresql://u:***@db:5432/app?sslmode=disable"
+        );
+        assert_eq!(
+            redact_url("host=db user=u password=s3cret dbname=app"),
+            "host=db user=u password=*** dbname=app"
+        );
+        assert_eq!(
+            redact_url("postgresql://db/app?user=u&password=s3cret&x=1"),
+            "postgresql://db/app?user=u&password=***&x=1"
+        );
+        let c = Config::load_from(
+            None,
+            env(&[("DATABASE_URL", "postgresql://u:s3cret@db/app")]),
+            &[],
+        )
+        .unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"));
+        assert!(!c.database.url.to_string().contains("s3cret"));
+    }
+}

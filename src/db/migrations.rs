@@ -1,0 +1,204 @@
+//! Schema migrations: the plain `.sql` files of `migrations/`, embedded at compile time and
+//! applied by refinery inside the configured schema, serialised across processes by an
+//! advisory lock so two `migrate` runs at once are safe.
+
+use tokio_postgres::Client;
+
+use super::{connect, DbError};
+use crate::config::DatabaseConfig;
+
+mod embedded {
+    #![allow(missing_docs)]
+    refinery::embed_migrations!("migrations");
+}
+
+/// The history table refinery keeps, inside the configured schema.
+pub const HISTORY_TABLE: &str = "schema_history";
+
+/// A migration failure.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    /// Connecting or a bookkeeping statement failed.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// refinery refused or a migration's SQL failed (the migration's transaction rolled back).
+    #[error("migration failed")]
+    Apply(#[source] refinery::Error),
+}
+
+impl From<tokio_postgres::Error> for MigrationError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        MigrationError::Db(DbError::Query(e))
+    }
+}
+
+/// The schema is not what this binary expects; `serve` refuses to start on it.
+#[derive(Debug, thiserror::Error)]
+#[error("refusing to start: {0}")]
+pub struct SchemaNotCurrent(pub String);
+
+/// One migration, as embedded in this binary and/or recorded in the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationInfo {
+    /// `V<version>__...`
+    pub version: i32,
+    /// The part of the file name after `__`.
+    pub name: String,
+    /// When it was applied (refinery's RFC 3339 text), if it was.
+    pub applied_on: Option<String>,
+}
+
+/// The schema's state relative to this binary.
+#[derive(Debug, Clone, Default)]
+pub struct MigrationStatus {
+    /// Applied and known to this binary.
+    pub applied: Vec<MigrationInfo>,
+    /// Known to this binary, not yet applied.
+    pub pending: Vec<MigrationInfo>,
+    /// Applied, but unknown to this binary (the database was migrated by a newer version).
+    pub unknown: Vec<MigrationInfo>,
+    /// Applied, but this binary's file has a different checksum (edited after release).
+    pub divergent: Vec<MigrationInfo>,
+}
+
+impl MigrationStatus {
+    /// True when the schema is exactly what this binary expects.
+    pub fn is_current(&self) -> bool {
+        self.pending.is_empty() && self.unknown.is_empty() && self.divergent.is_empty()
+    }
+
+    /// One sentence saying what is wrong, for `serve` and `/readyz`; `None` when current.
+    pub fn problem(&self) -> Option<String> {
+        let list = |m: &[MigrationInfo]| {
+            m.iter()
+                .map(|m| format!("V{}__{}", m.version, m.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if !self.divergent.is_empty() {
+            Some(format!(
+                "applied migrations differ from this binary's: {}",
+                list(&self.divergent)
+            ))
+        } else if !self.unknown.is_empty() {
+            Some(format!(
+                "the schema has migrations this binary does not know ({}); upgrade tombstoned",
+                list(&self.unknown)
+            ))
+        } else if !self.pending.is_empty() {
+            Some(format!(
+                "{} migration(s) pending ({}); run `tombstoned migrate` first",
+                self.pending.len(),
+                list(&self.pending)
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+fn runner() -> refinery::Runner {
+    let mut runner = embedded::migrations::runner();
+    runner.set_migration_table_name(HISTORY_TABLE);
+    runner
+}
+
+/// Applies every pending migration; returns the ones applied now (empty when already current).
+pub async fn migrate(db: &DatabaseConfig) -> Result<Vec<MigrationInfo>, MigrationError> {
+    let mut session = connect(db, "migrate").await?;
+    let client = &mut session.client;
+    // Same key for every process migrating this schema; released when the session ends even
+    // if we crash half way.
+    let lock_key = format!("tombstoned:migrate:{}", db.schema);
+    client
+        .execute(
+            "SELECT pg_advisory_lock(hashtextextended($1, 0))",
+            &[&lock_key],
+        )
+        .await?;
+    // The identifier was validated ([a-z_][a-z0-9_]*); DDL cannot take it as a parameter.
+    client
+        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", db.schema))
+        .await?;
+    let report = runner()
+        .run_async(client)
+        .await
+        .map_err(MigrationError::Apply)?;
+    client
+        .execute(
+            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+            &[&lock_key],
+        )
+        .await?;
+    Ok(report
+        .applied_migrations()
+        .iter()
+        .map(|m| MigrationInfo {
+            version: m.version(),
+            name: m.name().to_owned(),
+            applied_on: None,
+        })
+        .collect())
+}
+
+/// Compares the database's history with the migrations embedded in this binary. Read-only.
+pub async fn status(client: &Client, schema: &str) -> Result<MigrationStatus, DbError> {
+    let history = format!("{schema}.{HISTORY_TABLE}");
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&history])
+        .await?
+        .get(0);
+    let mut recorded = Vec::new();
+    if exists {
+        // The schema name is a validated identifier; the table name is ours.
+        let sql = format!(
+            "SELECT version, name, applied_on, checksum FROM \"{schema}\".{HISTORY_TABLE} \
+             ORDER BY version"
+        );
+        for row in client.query(&sql, &[]).await? {
+            let version: i32 = row.get(0);
+            let name: Option<String> = row.get(1);
+            let applied_on: Option<String> = row.get(2);
+            let checksum: Option<String> = row.get(3);
+            recorded.push((version, name.unwrap_or_default(), applied_on, checksum));
+        }
+    }
+    let mut status = MigrationStatus::default();
+    let embedded = runner();
+    for m in embedded.get_migrations() {
+        let version = m.version();
+        let info = MigrationInfo {
+            version,
+            name: m.name().to_owned(),
+            applied_on: None,
+        };
+        match recorded.iter().find(|r| r.0 == version) {
+            None => status.pending.push(info),
+            Some((_, _, applied_on, checksum)) => {
+                let info = MigrationInfo {
+                    applied_on: applied_on.clone(),
+                    ..info
+                };
+                if checksum.as_deref() == Some(m.checksum().to_string().as_str()) {
+                    status.applied.push(info);
+                } else {
+                    status.divergent.push(info);
+                }
+            }
+        }
+    }
+    for (version, name, applied_on, _) in recorded {
+        if !embedded
+            .get_migrations()
+            .iter()
+            .any(|m| m.version() == version)
+        {
+            status.unknown.push(MigrationInfo {
+                version,
+                name,
+                applied_on,
+            });
+        }
+    }
+    Ok(status)
+}

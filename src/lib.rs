@@ -1,0 +1,29 @@
+//! tombstoned keeps the idempotency records of a write API on PostgreSQL honest over time.
+//!
+//! The protocol it implements is described in `docs/protocol.md`; in short:
+//!
+//! * a client's retry of one business intent carries the same idempotency key; the server claims
+//!   the key, performs the business write and stores the response in **one** transaction, and
+//!   replays the stored response to every later retry with the same fingerprint;
+//! * expired records are never deleted by the cleaner but turned into **tombstones** (the body is
+//!   cleared, scope, key and fingerprint stay), so a key can never be reused for another purchase.
+//!
+//! Modules, one concept each:
+//!
+//! * [`config`] — the TOML configuration, environment overrides and validation into typed values;
+//! * [`schedule`] — crontab(5) schedules and their fire times;
+//! * [`db`] — connection pools, SQLSTATE classification, and [`db::migrations`];
+//! * [`pg_cluster`] — throwaway local PostgreSQL clusters for tests, the demo and benchmarks;
+//! * [`cli`] — the command line and its exit codes.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cleanup;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod db;
+pub mod demo;
+pub mod metrics;
+pub mod pg_cluster;
+pub mod schedule;

@@ -1,0 +1,313 @@
+//! Prometheus metrics: every series tombstoned exports, in one registry of its own, and their
+//! text rendering. Label values are closed sets (outcomes, routes, SQLSTATE classes): never keys,
+//! tokens, bodies or tenant names.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Outcomes of a cleanup run (`tombstoned_cleanup_runs_total{outcome}`).
+pub const RUN_OUTCOMES: &[&str] = &["success", "failed", "skipped_lease", "partial"];
+/// Outcomes of a cleanup batch (`tombstoned_cleanup_batches_total{outcome}`).
+pub const BATCH_OUTCOMES: &[&str] = &["committed", "lock_timeout", "retried", "failed"];
+/// Outcomes of a claim (`tombstoned_claims_total{outcome}`).
+pub const CLAIM_OUTCOMES: &[&str] = &[
+    "created",
+    "replayed",
+    "key_reused",
+    "in_progress",
+    "expired",
+    "duplicate_request",
+    "rejected",
+    "invalid",
+];
+
+/// Every metric handle. Cheap to share behind an `Arc`.
+pub struct Metrics {
+    registry: Registry,
+
+    /// `tombstoned_cleanup_runs_total{outcome}`: runs by outcome (see [`RUN_OUTCOMES`]).
+    pub cleanup_runs: IntCounterVec,
+    /// `tombstoned_cleanup_rows_tombstoned_total`
+    pub cleanup_rows_tombstoned: IntCounter,
+    /// `tombstoned_cleanup_batches_total{outcome}` (see [`BATCH_OUTCOMES`]).
+    pub cleanup_batches: IntCounterVec,
+    /// `tombstoned_cleanup_lock_timeouts_total`: batches rolled back on 55P03.
+    pub cleanup_lock_timeouts: IntCounter,
+    /// `tombstoned_cleanup_fires_coalesced_total`: fire times missed during a long run.
+    pub cleanup_fires_coalesced: IntCounter,
+    /// `tombstoned_cleanup_batch_duration_seconds`
+    pub cleanup_batch_duration: Histogram,
+    /// `tombstoned_cleanup_run_duration_seconds`
+    pub cleanup_run_duration: Histogram,
+    /// `tombstoned_cleanup_backlog_rows`: due but not tombstoned at the end of the last run.
+    pub cleanup_backlog_rows: IntGauge,
+    /// `tombstoned_cleanup_oldest_due_age_seconds`: how overdue the oldest due row is.
+    pub cleanup_oldest_due_age_seconds: prometheus::Gauge,
+    /// `tombstoned_cleanup_last_success_timestamp_seconds`
+    pub cleanup_last_success_timestamp_seconds: prometheus::Gauge,
+    /// `tombstoned_cleanup_next_run_timestamp_seconds`
+    pub cleanup_next_run_timestamp_seconds: prometheus::Gauge,
+    /// `tombstoned_cleanup_lease_held`: 1 while this instance holds the single-runner lease.
+    pub cleanup_lease_held: IntGauge,
+    /// `tombstoned_tombstones_purged_total`
+    pub tombstones_purged: IntCounter,
+
+    /// `tombstoned_http_requests_total{route,method,status}`
+    pub http_requests: IntCounterVec,
+    /// `tombstoned_http_request_duration_seconds{route}`
+    pub http_request_duration: HistogramVec,
+    /// `tombstoned_claims_total{outcome}` (see [`CLAIM_OUTCOMES`]).
+    pub claims: IntCounterVec,
+
+    /// `tombstoned_db_pool_connections{state}`: `in_use`, `idle`, `max`.
+    pub db_pool_connections: IntGaugeVec,
+    /// `tombstoned_db_errors_total{sqlstate_class}`
+    pub db_errors: IntCounterVec,
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
+    let c = IntCounter::new(name, help)?;
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn counter_vec(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, prometheus::Error> {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> Result<prometheus::Gauge, prometheus::Error> {
+    let g = prometheus::Gauge::new(name, help)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn int_gauge(r: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
+    let g = IntGauge::new(name, help)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn histogram(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> Result<Histogram, prometheus::Error> {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?;
+    r.register(Box::new(h.clone()))?;
+    Ok(h)
+}
+
+const BATCH_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const RUN_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 240.0, 600.0,
+];
+const HTTP_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+impl Metrics {
+    /// Creates and registers every metric, with the closed label sets pre-initialised so that
+    /// every series exists (at zero) from the first scrape on.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let r = Registry::new();
+        let m = Metrics {
+            cleanup_runs: counter_vec(
+                &r,
+                "tombstoned_cleanup_runs_total",
+                "Cleanup runs by outcome: success, failed, skipped_lease (another instance held \
+                 the lease), partial (stopped by max_run_time, --max-batches or shutdown with \
+                 rows still due).",
+                &["outcome"],
+            )?,
+            cleanup_rows_tombstoned: counter(
+                &r,
+                "tombstoned_cleanup_rows_tombstoned_total",
+                "Idempotency records turned into tombstones.",
+            )?,
+            cleanup_batches: counter_vec(
+                &r,
+                "tombstoned_cleanup_batches_total",
+                "Cleanup batch transactions by outcome: committed, lock_timeout (rolled back on \
+                 55P03), retried (40P01/40001), failed.",
+                &["outcome"],
+            )?,
+            cleanup_lock_timeouts: counter(
+                &r,
+                "tombstoned_cleanup_lock_timeouts_total",
+                "Cleanup batches rolled back because a row lock wait exceeded \
+                 cleanup.lock_timeout.",
+            )?,
+            cleanup_fires_coalesced: counter(
+                &r,
+                "tombstoned_cleanup_fires_coalesced_total",
+                "Scheduled fire times that passed while a run was still going and were merged \
+                 into the next run.",
+            )?,
+            cleanup_batch_duration: histogram(
+                &r,
+                "tombstoned_cleanup_batch_duration_seconds",
+                "Duration of one cleanup batch transaction, BEGIN to COMMIT or ROLLBACK.",
+                BATCH_BUCKETS,
+            )?,
+            cleanup_run_duration: histogram(
+                &r,
+                "tombstoned_cleanup_run_duration_seconds",
+                "Duration of one cleanup run.",
+                RUN_BUCKETS,
+            )?,
+            cleanup_backlog_rows: int_gauge(
+                &r,
+                "tombstoned_cleanup_backlog_rows",
+                "Records due but not yet tombstoned, counted at the end of the last run.",
+            )?,
+            cleanup_oldest_due_age_seconds: gauge(
+                &r,
+                "tombstoned_cleanup_oldest_due_age_seconds",
+                "How long past its replay deadline the oldest due record was at the end of the \
+                 last run (0 when none is due).",
+            )?,
+            cleanup_last_success_timestamp_seconds: gauge(
+                &r,
+                "tombstoned_cleanup_last_success_timestamp_seconds",
+                "Unix time of the end of the last successful cleanup run.",
+            )?,
+            cleanup_next_run_timestamp_seconds: gauge(
+                &r,
+                "tombstoned_cleanup_next_run_timestamp_seconds",
+                "Unix time of the next scheduled cleanup run.",
+            )?,
+            cleanup_lease_held: int_gauge(
+                &r,
+                "tombstoned_cleanup_lease_held",
+                "1 while this instance holds the single-runner cleanup lease.",
+            )?,
+            tombstones_purged: counter(
+                &r,
+                "tombstoned_tombstones_purged_total",
+                "Tombstones deleted by the retention purge (their keys can be used again).",
+            )?,
+            http_requests: counter_vec(
+                &r,
+                "tombstoned_http_requests_total",
+                "HTTP requests by route template, method and status code.",
+                &["route", "method", "status"],
+            )?,
+            http_request_duration: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "tombstoned_http_request_duration_seconds",
+                        "HTTP request duration by route template.",
+                    )
+                    .buckets(HTTP_BUCKETS.to_vec()),
+                    &["route"],
+                )?;
+                r.register(Box::new(h.clone()))?;
+                h
+            },
+            claims: counter_vec(
+                &r,
+                "tombstoned_claims_total",
+                "POST /v1/orders outcomes: created, replayed, key_reused, in_progress, expired, \
+                 duplicate_request, rejected (business rule), invalid (validation).",
+                &["outcome"],
+            )?,
+            db_pool_connections: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "tombstoned_db_pool_connections",
+                        "API pool connections by state: in_use, idle, max.",
+                    ),
+                    &["state"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            db_errors: counter_vec(
+                &r,
+                "tombstoned_db_errors_total",
+                "Database errors by SQLSTATE class (e.g. 55 lock_not_available, 23 integrity, \
+                 08 connection; connection when the socket failed without a SQLSTATE).",
+                &["sqlstate_class"],
+            )?,
+            registry: r,
+        };
+        for o in RUN_OUTCOMES {
+            m.cleanup_runs.with_label_values(&[o]);
+        }
+        for o in BATCH_OUTCOMES {
+            m.cleanup_batches.with_label_values(&[o]);
+        }
+        for o in CLAIM_OUTCOMES {
+            m.claims.with_label_values(&[o]);
+        }
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "tombstoned_build_info",
+                "Always 1; the version label says which build is running.",
+            ),
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        m.registry.register(Box::new(build_info))?;
+        m.registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        Ok(m)
+    }
+
+    /// Records a database error under its SQLSTATE class.
+    pub fn db_error(&self, sqlstate_class: &str) {
+        self.db_errors.with_label_values(&[sqlstate_class]).inc();
+    }
+
+    /// The registry, for tests and for adding collectors.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> Result<String, prometheus::Error> {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_series_is_prefixed_and_exists_from_the_start() {
+        let m = Metrics::new().unwrap();
+        let text = m.render().unwrap();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(
+                line.starts_with("tombstoned_") || line.starts_with("process_"),
+                "{line}"
+            );
+        }
+        for needle in [
+            "tombstoned_cleanup_runs_total{outcome=\"skipped_lease\"} 0",
+            "tombstoned_claims_total{outcome=\"key_reused\"} 0",
+            "tombstoned_cleanup_rows_tombstoned_total 0",
+            "tombstoned_build_info{version=",
+        ] {
+            assert!(text.contains(needle), "missing {needle}");
+        }
+    }
+}

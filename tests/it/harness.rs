@@ -1,0 +1,243 @@
+//! Shared test helpers: one real PostgreSQL per test process, one fresh database per test, and
+//! barriers that wait on what PostgreSQL reports (never on sleeps that hope a race happened).
+//!
+//! Without `TOMBSTONED_TEST_DATABASE_URL` the harness starts a throwaway cluster with the server
+//! binaries it finds (see `tombstoned::pg_cluster`), migrates a template database once, and
+//! clones it for every test (`CREATE DATABASE ... TEMPLATE`), so tests run in parallel without
+//! seeing each other's rows. With the variable set, it does the same on that server (the URL
+//! must name a role allowed to create databases); test databases are named `tombstoned_test_*`.
+
+#![allow(dead_code)] // each test module uses a different subset
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::config::Host;
+use tokio_postgres::{Client, NoTls};
+use tombstoned::config::Config;
+use tombstoned::db::migrations;
+use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+
+struct Harness {
+    admin: tokio_postgres::Config,
+    template: String,
+    cluster: Option<ThrowawayCluster>,
+}
+
+static HARNESS: OnceLock<Harness> = OnceLock::new();
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+fn harness() -> &'static Harness {
+    // Initialised on a thread of its own: tests run inside tokio runtimes, which cannot block on
+    // another runtime.
+    HARNESS.get_or_init(|| {
+        std::thread::spawn(init)
+            .join()
+            .unwrap_or_else(|_| panic!("test harness initialisation panicked"))
+    })
+}
+
+fn init() -> Harness {
+    let (admin, cluster) = match std::env::var("TOMBSTONED_TEST_DATABASE_URL") {
+        Ok(url) => (
+            url.parse::<tokio_postgres::Config>()
+                .expect("TOMBSTONED_TEST_DATABASE_URL is not a valid connection string"),
+            None,
+        ),
+        Err(_) => {
+            let cluster = ThrowawayCluster::start(&ClusterOptions::for_tests())
+                .unwrap_or_else(|e| panic!("cannot start a throwaway PostgreSQL: {e}"));
+            let admin = cluster.url("postgres").parse().expect("cluster URL");
+            (admin, Some(cluster))
+        }
+    };
+    let template = format!("tombstoned_tpl_{}", std::process::id());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = connect_config(&admin).await;
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {template}"),
+            format!("CREATE DATABASE {template}"),
+        ] {
+            client
+                .batch_execute(&sql)
+                .await
+                .expect("create template database");
+        }
+        let config = config_for(&with_dbname(&admin, &template), &[]);
+        migrations::migrate(&config.database)
+            .await
+            .expect("migrate the template database");
+    });
+    Harness {
+        admin,
+        template,
+        cluster,
+    }
+}
+
+/// The throwaway cluster, when the harness started one (fault tests restart it).
+pub fn cluster() -> Option<&'static ThrowawayCluster> {
+    harness().cluster.as_ref()
+}
+
+/// A connection string for `admin`'s server and credentials, on database `dbname`.
+fn with_dbname(admin: &tokio_postgres::Config, dbname: &str) -> String {
+    let mut parts = Vec::new();
+    if let Some(host) = admin.get_hosts().first() {
+        match host {
+            Host::Tcp(h) => parts.push(format!("host={h}")),
+            Host::Unix(p) => parts.push(format!("host={}", p.display())),
+        }
+    }
+    if let Some(port) = admin.get_ports().first() {
+        parts.push(format!("port={port}"));
+    }
+    if let Some(user) = admin.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(pw) = admin.get_password() {
+        parts.push(format!("password={}", String::from_utf8_lossy(pw)));
+    }
+    parts.push(format!("dbname={dbname}"));
+    parts.join(" ")
+}
+
+async fn connect_config(config: &tokio_postgres::Config) -> Client {
+    let (client, connection) = config.connect(NoTls).await.expect("connect to PostgreSQL");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// A configuration pointing at `url`, with `TOMBSTONED_*` style overrides, e.g.
+/// `[("TOMBSTONED_CLEANUP__BATCH_SIZE", "10")]`.
+pub fn config_for(url: &str, env: &[(&str, &str)]) -> Config {
+    let mut vars: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    vars.push(("TOMBSTONED_DATABASE_URL".into(), url.into()));
+    Config::load_from(None, vars, &[]).expect("test configuration")
+}
+
+/// A database of a test's own.
+pub struct TestDb {
+    /// Its name.
+    pub name: String,
+    /// Connection string (key=value form).
+    pub url: String,
+}
+
+impl TestDb {
+    /// A fresh database with the current schema, cloned from the migrated template.
+    pub async fn new() -> Self {
+        let template = harness().template.clone();
+        Self::create(&format!("TEMPLATE {template}")).await
+    }
+
+    /// A fresh database without the schema (for migration tests).
+    pub async fn empty() -> Self {
+        Self::create("TEMPLATE template0").await
+    }
+
+    async fn create(clause: &str) -> Self {
+        let h = harness();
+        let name = format!(
+            "tombstoned_test_{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::Relaxed)
+        );
+        let admin = connect_config(&h.admin).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} {clause}"))
+            .await
+            .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
+        let url = with_dbname(&h.admin, &name);
+        Self { name, url }
+    }
+
+    /// The default configuration, pointed at this database.
+    pub fn config(&self) -> Config {
+        config_for(&self.url, &[])
+    }
+
+    /// The configuration with `TOMBSTONED_*` overrides.
+    pub fn config_with(&self, env: &[(&str, &str)]) -> Config {
+        config_for(&self.url, env)
+    }
+
+    /// A raw session with `search_path` set to the schema, as the daemon's sessions have.
+    pub async fn client(&self) -> Client {
+        let config = self.config();
+        let pg = tombstoned::db::pg_config(&config.database, "test");
+        connect_config(&pg).await
+    }
+}
+
+/// Polls `pg_stat_activity` (from `observer`) until backend `pid` waits on a heavyweight lock
+/// (`wait_event_type = 'Lock'`): the barrier that proves a session is blocked where the test
+/// says it is. Panics after `timeout`.
+pub async fn wait_until_lock_wait(observer: &Client, pid: i32, timeout: Duration) {
+    wait_until(
+        observer,
+        timeout,
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+        pid,
+    )
+    .await
+    .unwrap_or_else(|| panic!("backend {pid} never waited on a lock within {timeout:?}"));
+}
+
+/// Polls until some backend whose `application_name` starts with `prefix` waits on a lock;
+/// returns its pid.
+pub async fn wait_until_app_lock_wait(observer: &Client, prefix: &str, timeout: Duration) -> i32 {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let row = observer
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE application_name LIKE $1 || '%' AND wait_event_type = 'Lock' LIMIT 1",
+                &[&prefix],
+            )
+            .await
+            .expect("query pg_stat_activity");
+        if let Some(row) = row {
+            return row.get(0);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no session of {prefix} waited on a lock within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn wait_until(observer: &Client, timeout: Duration, sql: &str, pid: i32) -> Option<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let row = observer
+            .query_opt(sql, &[&pid])
+            .await
+            .expect("poll pg_stat_activity");
+        if let Some(row) = row {
+            if row.get::<_, Option<bool>>(0) == Some(true) {
+                return Some(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The `tombstoned` binary built for these tests.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_tombstoned")
+}

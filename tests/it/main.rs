@@ -1,0 +1,5 @@
+//! Integration tests against a real PostgreSQL (see `harness`). One test binary, so the
+//! server starts once and the tests share helpers.
+
+mod harness;
+mod schema;

@@ -1,0 +1,389 @@
+//! Migrations and the schema they create: apply, re-apply, apply concurrently, and the
+//! constraints the protocol relies on.
+
+use std::process::Command;
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tombstoned::db::migrations;
+
+use crate::harness::{binary, TestDb};
+
+#[tokio::test]
+async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
+    let db = TestDb::empty().await;
+    let config = db.config();
+    let client = db.client().await;
+    let before = migrations::status(&client, "tombstoned").await.unwrap();
+    assert!(before.applied.is_empty());
+    assert_eq!(before.pending.len(), 1, "{before:?}");
+    assert!(before.problem().unwrap().contains("tombstoned migrate"));
+
+    let first = migrations::migrate(&config.database).await.unwrap();
+    assert_eq!(first.iter().map(|m| m.version).collect::<Vec<_>>(), [1]);
+    let second = migrations::migrate(&config.database).await.unwrap();
+    assert!(second.is_empty(), "second run applied {second:?}");
+
+    let after = migrations::status(&client, "tombstoned").await.unwrap();
+    assert!(after.is_current(), "{after:?}");
+    assert_eq!(after.applied.len(), 1);
+}
+
+#[tokio::test]
+async fn concurrent_migrate_runs_are_serialised() {
+    let db = TestDb::empty().await;
+    let config = db.config();
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let database = config.database.clone();
+            tokio::spawn(async move { migrations::migrate(&database).await })
+        })
+        .collect();
+    let mut applied = 0;
+    for run in runs {
+        applied += run
+            .await
+            .unwrap()
+            .expect("every concurrent run succeeds")
+            .len();
+    }
+    assert_eq!(applied, 1, "exactly one run applies V1");
+    let client = db.client().await;
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test]
+async fn migrate_honours_the_configured_schema() {
+    let db = TestDb::empty().await;
+    let config = db.config_with(&[("TOMBSTONED_DATABASE__SCHEMA", "idem_custom")]);
+    migrations::migrate(&config.database).await.unwrap();
+    let client = db.client().await;
+    let tables: Vec<String> = client
+        .query(
+            "SELECT table_name::text FROM information_schema.tables \
+             WHERE table_schema = 'idem_custom' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        tables,
+        [
+            "idempotency_records",
+            "orders",
+            "outbox_events",
+            "schema_history"
+        ]
+    );
+    let public: i64 = client
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(public, 0, "nothing lands in public");
+}
+
+#[tokio::test]
+async fn tables_have_the_documented_columns() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let columns: Vec<(String, String, String, String)> = client
+        .query(
+            "SELECT table_name::text, column_name::text, data_type::text, is_nullable::text \
+             FROM information_schema.columns WHERE table_schema = 'tombstoned' \
+             AND table_name <> 'schema_history' ORDER BY table_name, ordinal_position",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let expected = [
+        ("idempotency_records", "tenant_id", "text", "NO"),
+        ("idempotency_records", "principal_id", "text", "NO"),
+        ("idempotency_records", "operation", "text", "NO"),
+        ("idempotency_records", "idempotency_key", "text", "NO"),
+        ("idempotency_records", "fingerprint", "bytea", "NO"),
+        ("idempotency_records", "status_code", "smallint", "YES"),
+        ("idempotency_records", "response_body", "jsonb", "YES"),
+        ("idempotency_records", "order_id", "uuid", "YES"),
+        ("idempotency_records", "expired", "boolean", "NO"),
+        (
+            "idempotency_records",
+            "created_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        (
+            "idempotency_records",
+            "replay_deadline",
+            "timestamp with time zone",
+            "NO",
+        ),
+        (
+            "idempotency_records",
+            "expired_at",
+            "timestamp with time zone",
+            "YES",
+        ),
+        ("orders", "order_id", "uuid", "NO"),
+        ("orders", "tenant_id", "text", "NO"),
+        ("orders", "principal_id", "text", "NO"),
+        ("orders", "request_id", "text", "NO"),
+        ("orders", "amount_minor", "bigint", "NO"),
+        ("orders", "currency", "character", "NO"),
+        ("orders", "item", "text", "NO"),
+        ("orders", "quantity", "integer", "NO"),
+        ("orders", "recipient", "text", "NO"),
+        ("orders", "status", "text", "NO"),
+        ("orders", "created_at", "timestamp with time zone", "NO"),
+        ("outbox_events", "event_id", "uuid", "NO"),
+        ("outbox_events", "tenant_id", "text", "NO"),
+        ("outbox_events", "order_id", "uuid", "NO"),
+        ("outbox_events", "event_type", "text", "NO"),
+        ("outbox_events", "payload", "jsonb", "NO"),
+        (
+            "outbox_events",
+            "created_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        (
+            "outbox_events",
+            "published_at",
+            "timestamp with time zone",
+            "YES",
+        ),
+    ];
+    let expected: Vec<(String, String, String, String)> = expected
+        .iter()
+        .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), d.to_string()))
+        .collect();
+    assert_eq!(columns, expected);
+
+    let pk: String = client
+        .query_one(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
+             WHERE conname = 'idempotency_records_pkey'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        pk,
+        "PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key)"
+    );
+}
+
+const INSERT_RECORD: &str = "INSERT INTO idempotency_records \
+     (tenant_id, principal_id, operation, idempotency_key, fingerprint, replay_deadline) \
+     VALUES ('t', 'p', 'create-order', $1, $2, now() + interval '1 day')";
+
+const INSERT_ORDER: &str = "INSERT INTO orders \
+     (order_id, tenant_id, principal_id, request_id, amount_minor, currency, item, quantity, recipient) \
+     VALUES (gen_random_uuid(), 't', $1, $2, 100, 'CNY', 'x', 1, 'r')";
+
+#[tokio::test]
+async fn constraints_reject_what_the_protocol_forbids() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let fp = vec![7u8; 32];
+
+    client
+        .execute(INSERT_RECORD, &[&"k".repeat(255), &fp])
+        .await
+        .unwrap();
+    let too_long = client
+        .execute(INSERT_RECORD, &[&"k".repeat(256), &fp])
+        .await
+        .unwrap_err();
+    assert_eq!(too_long.code(), Some(&SqlState::CHECK_VIOLATION));
+    let empty = client
+        .execute(INSERT_RECORD, &[&"", &fp])
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), Some(&SqlState::CHECK_VIOLATION));
+    let short_fp = client
+        .execute(INSERT_RECORD, &[&"k31", &vec![7u8; 31]])
+        .await
+        .unwrap_err();
+    assert_eq!(short_fp.code(), Some(&SqlState::CHECK_VIOLATION));
+    let same_key = client
+        .execute(INSERT_RECORD, &[&"k".repeat(255), &fp])
+        .await
+        .unwrap_err();
+    assert_eq!(same_key.code(), Some(&SqlState::UNIQUE_VIOLATION));
+
+    client
+        .execute(INSERT_ORDER, &[&"p1", &"req-1"])
+        .await
+        .unwrap();
+    let dup = client
+        .execute(INSERT_ORDER, &[&"p2", &"req-1"])
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), Some(&SqlState::UNIQUE_VIOLATION));
+    assert_eq!(
+        tombstoned::db::violated_constraint(&dup),
+        Some("orders_tenant_request_key")
+    );
+
+    // A tombstone never carries a body.
+    let body_on_tombstone = client
+        .execute(
+            "UPDATE idempotency_records SET expired = true, expired_at = now()",
+            &[],
+        )
+        .await;
+    assert!(body_on_tombstone.is_ok(), "bodies are NULL here");
+    let err = client
+        .execute(
+            "UPDATE idempotency_records SET response_body = '{}'::jsonb",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::CHECK_VIOLATION));
+}
+
+#[tokio::test]
+async fn serve_refuses_to_start_while_migrations_are_pending() {
+    let db = TestDb::empty().await;
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(binary())
+            .arg("serve")
+            .env_clear()
+            .env("TOMBSTONED_DATABASE_URL", &db.url)
+            .env("TOMBSTONED_API__ENABLED", "false")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(69), "{stderr}");
+    assert!(stderr.contains("run `tombstoned migrate`"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+}
+
+#[tokio::test]
+async fn migrate_status_lists_applied_and_pending() {
+    let db = TestDb::empty().await;
+    let url = db.url.clone();
+    let run = move |args: &'static [&'static str]| {
+        let url = url.clone();
+        move || {
+            Command::new(binary())
+                .args(args)
+                .env_clear()
+                .env("TOMBSTONED_DATABASE_URL", &url)
+                .output()
+                .unwrap()
+        }
+    };
+    let pending = tokio::task::spawn_blocking(run(&["migrate", "--status"]))
+        .await
+        .unwrap();
+    assert!(pending.status.success());
+    let out = String::from_utf8_lossy(&pending.stdout);
+    assert!(out.contains("pending   V1__initial_schema"), "{out}");
+
+    let applied = tokio::task::spawn_blocking(run(&["migrate"]))
+        .await
+        .unwrap();
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    assert!(String::from_utf8_lossy(&applied.stdout).contains("applied V1__initial_schema"));
+
+    let again = tokio::task::spawn_blocking(run(&["migrate"]))
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&again.stdout).contains("already current"));
+
+    let status = tokio::task::spawn_blocking(run(&["migrate", "--status"]))
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&status.stdout);
+    assert!(out.contains("applied   V1__initial_schema"), "{out}");
+    assert!(out.contains("is current"), "{out}");
+}
+
+#[tokio::test]
+async fn exit_codes_are_the_documented_ones() {
+    let unreachable = tokio::task::spawn_blocking(|| {
+        // Port 1 on loopback: nothing listens there.
+        Command::new(binary())
+            .args(["migrate", "--status"])
+            .env_clear()
+            .env(
+                "TOMBSTONED_DATABASE_URL",
+                "postgresql://nobody@127.0.0.1:1/none",
+            )
+            .env("TOMBSTONED_DATABASE__CONNECT_TIMEOUT", "2s")
+            .output()
+            .unwrap()
+    });
+    let bad_config = tokio::task::spawn_blocking(|| {
+        Command::new(binary())
+            .arg("check-config")
+            .env_clear()
+            .env("TOMBSTONED_CLEANUP__SCHEDULE", "every tuesday")
+            .output()
+            .unwrap()
+    });
+    let bad_usage =
+        tokio::task::spawn_blocking(|| Command::new(binary()).arg("frobnicate").output().unwrap());
+    let unreachable = tokio::time::timeout(Duration::from_secs(30), unreachable)
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert_eq!(unreachable.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.starts_with("tombstoned: error: cannot connect"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+
+    let bad_config = bad_config.await.unwrap();
+    let stderr = String::from_utf8_lossy(&bad_config.stderr);
+    assert_eq!(bad_config.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("cleanup.schedule"), "{stderr}");
+
+    assert_eq!(bad_usage.await.unwrap().status.code(), Some(64));
+}
+
+#[tokio::test]
+async fn runs_on_the_postgres_major_ci_asked_for() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let version: String = client
+        .query_one("SELECT current_setting('server_version_num')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let major = version.parse::<u32>().unwrap() / 10000;
+    eprintln!("PostgreSQL server major version {major}");
+    if let Ok(expected) = std::env::var("TOMBSTONED_EXPECT_PG_MAJOR") {
+        assert_eq!(major.to_string(), expected, "TOMBSTONED_EXPECT_PG_MAJOR");
+    }
+}
