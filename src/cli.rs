@@ -7,6 +7,7 @@
 //! | 64 | bad usage or configuration (EX_USAGE) |
 //! | 69 | database unavailable (EX_UNAVAILABLE) |
 //! | 70 | internal error (EX_SOFTWARE) |
+//! | 75 | temporary refusal: `cleanup` found another instance holding the cleanup lease (EX_TEMPFAIL) |
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +29,8 @@ pub enum Exit {
     Unavailable = 69,
     /// 70: anything else.
     Software = 70,
+    /// 75: try again later (`cleanup` while another instance holds the cleanup lease).
+    TempFail = 75,
 }
 
 impl From<Exit> for ExitCode {

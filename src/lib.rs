@@ -12,6 +12,9 @@
 //!
 //! * [`config`] — the TOML configuration, environment overrides and validation into typed values;
 //! * [`schedule`] — crontab(5) schedules and their fire times;
+//! * [`cleanup`] — one cleanup run (batched, key-ordered tombstoning, purge), the dry run and the
+//!   single-runner lease;
+//! * [`scheduler`] — when cleanup runs happen inside `serve`;
 //! * [`db`] — connection pools, SQLSTATE classification, and [`db::migrations`];
 //! * [`pg_cluster`] — throwaway local PostgreSQL clusters for tests, the demo and benchmarks;
 //! * [`cli`] — the command line and its exit codes.
@@ -27,3 +30,4 @@ pub mod demo;
 pub mod metrics;
 pub mod pg_cluster;
 pub mod schedule;
+pub mod scheduler;

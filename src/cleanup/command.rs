@@ -1,0 +1,313 @@
+//! `tombstoned cleanup`: one run (taking the single-runner lease, like the scheduler) or a dry
+//! run, then its report on stdout, human-readable or `--json`.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use super::{dry_run_with_purge, run_once, DryRunReport, Lease, RunLimits, RunReport};
+use crate::cli::{CleanupArgs, Exit};
+use crate::config::Config;
+
+/// Runs `tombstoned cleanup [--dry-run] [--json] [--explain] [--max-batches N]`.
+///
+/// A real run takes the single-runner lease first: when another instance (a daemon's scheduler
+/// or another `cleanup`) holds it, nothing is done and the exit status is 75 (EX_TEMPFAIL, "try
+/// again later"), so a timer-driven one-shot on an HA pair does not clean twice. SIGINT/SIGTERM
+/// let the current batch commit or roll back and end the run early (reported, exit 0); a second
+/// signal exits at once (130) — the open batch, if any, rolls back with the connection.
+pub async fn command(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit> {
+    if args.explain && !args.dry_run {
+        eprintln!("tombstoned: --explain needs --dry-run");
+        return Ok(Exit::Usage);
+    }
+    if args.dry_run {
+        let report = dry_run_with_purge(
+            &config.database,
+            &config.cleanup,
+            Some(&config.retention),
+            args.explain,
+        )
+        .await
+        .context("dry run failed")?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", render_dry_run(&report));
+        }
+        return Ok(Exit::Success);
+    }
+
+    let Some(lease) = Lease::try_acquire(&config.database)
+        .await
+        .context("cannot take the cleanup lease")?
+    else {
+        eprintln!(
+            "tombstoned: another instance is cleaning schema {} (it holds the cleanup lease); \
+             nothing was done",
+            config.database.schema
+        );
+        return Ok(Exit::TempFail);
+    };
+    let shutdown = CancellationToken::new();
+    let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
+    let result = run_once(
+        &config.database,
+        &config.cleanup,
+        &config.retention,
+        RunLimits {
+            max_batches: args.max_batches,
+        },
+        &shutdown,
+        None,
+    )
+    .await;
+    signals.abort();
+    if let Err(e) = lease.release().await {
+        // Closing the session (dropping the lease) releases it anyway.
+        tracing::warn!(error = %super::error_chain(&e), "could not release the cleanup lease");
+    }
+    let report = result.context("cleanup run failed")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render_run(&report));
+    }
+    Ok(Exit::Success)
+}
+
+/// First SIGINT/SIGTERM: stop between batches. Second: exit now.
+async fn stop_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; a signal ends the run at once");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("stopping after the current batch (signal again to exit at once)");
+    shutdown.cancel();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    std::process::exit(130);
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3} s", d.as_secs_f64())
+}
+
+/// Whole seconds, human-readable ("3h 2m 5s").
+fn age(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+fn timestamp(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+/// The human summary of a run.
+pub(crate) fn render_run(r: &RunReport) -> String {
+    let mut out = String::new();
+    let stopped = match r.stopped_by {
+        super::StopReason::Finished => "finished",
+        super::StopReason::MaxRunTime => "stopped at cleanup.max_run_time",
+        super::StopReason::MaxBatches => "stopped at --max-batches",
+        super::StopReason::Shutdown => "stopped by a signal",
+    };
+    let _ = writeln!(out, "cleanup {stopped} (cutoff {})", timestamp(r.cutoff));
+    let _ = writeln!(out, "  rows tombstoned   {}", r.rows_tombstoned);
+    let _ = writeln!(out, "  batches           {}", r.batches);
+    let _ = writeln!(out, "  lock timeouts     {}", r.lock_timeouts);
+    let _ = writeln!(out, "  rows skipped      {}", r.rows_skipped);
+    if r.retries > 0 {
+        let _ = writeln!(out, "  retries           {}", r.retries);
+    }
+    let _ = writeln!(out, "  duration          {}", secs(r.duration));
+    let _ = writeln!(out, "  rows/s            {:.0}", r.rows_per_second);
+    let _ = writeln!(
+        out,
+        "  slowest batch     {} (p99 {})",
+        secs(r.slowest_batch),
+        secs(r.batch_p99)
+    );
+    match (r.backlog_rows, r.oldest_due_age) {
+        (0, _) => {
+            let _ = writeln!(out, "  backlog left      0 rows");
+        }
+        (n, Some(a)) => {
+            let _ = writeln!(
+                out,
+                "  backlog left      {n} rows (oldest overdue by {})",
+                age(a)
+            );
+        }
+        (n, None) => {
+            let _ = writeln!(out, "  backlog left      {n} rows");
+        }
+    }
+    match r.purge_before {
+        Some(before) => {
+            let _ = writeln!(
+                out,
+                "  purge             {} tombstones expired before {} deleted in {} batches",
+                r.tombstones_purged,
+                timestamp(before),
+                r.purge_batches
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  purge             off");
+        }
+    }
+    out
+}
+
+/// The human report of a dry run.
+pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "dry run at cutoff {} (nothing was changed)",
+        timestamp(r.cutoff)
+    );
+    let _ = writeln!(
+        out,
+        "  rows due          {} ({} batches of {})",
+        r.rows_due, r.batches_needed, r.batch_size
+    );
+    if let (Some(deadline), Some(overdue)) = (r.oldest_due_deadline, r.oldest_due_overdue) {
+        let _ = writeln!(
+            out,
+            "  oldest due        deadline {} (overdue by {})",
+            timestamp(deadline),
+            age(overdue)
+        );
+    }
+    let _ = writeln!(out, "  tombstones        {}", r.tombstones);
+    let _ = writeln!(out, "  live records      {}", r.live_records);
+    match &r.purge {
+        Some(p) => {
+            let _ = writeln!(
+                out,
+                "  purge             {} tombstones expired before {} would be deleted",
+                p.tombstones_to_purge,
+                timestamp(p.purge_before)
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  purge             off");
+        }
+    }
+    for (title, list) in [
+        ("top tenants by rows due", &r.top_tenants),
+        ("top operations by rows due", &r.top_operations),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "  {title}:");
+        for c in list {
+            let _ = writeln!(out, "    {:>12}  {}", c.rows_due, c.name);
+        }
+    }
+    if let Some(plan) = &r.plan {
+        let _ = writeln!(out, "  plan of the first batch:");
+        for line in plan.lines() {
+            let _ = writeln!(out, "    {line}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cleanup::{DueCount, RunOutcome, StopReason};
+    use chrono::{DateTime, Utc};
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
+    }
+
+    #[test]
+    fn run_summary_names_every_figure() {
+        let text = render_run(&RunReport {
+            cutoff: t(0),
+            rows_tombstoned: 1200,
+            batches: 2,
+            lock_timeouts: 1,
+            rows_skipped: 1,
+            retries: 0,
+            tombstones_purged: 0,
+            purge_batches: 0,
+            purge_before: None,
+            duration: Duration::from_millis(250),
+            rows_per_second: 4800.0,
+            backlog_rows: 7,
+            oldest_due_deadline: Some(t(-3700)),
+            oldest_due_age: Some(Duration::from_secs(3700)),
+            slowest_batch: Duration::from_millis(40),
+            batch_p99: Duration::from_millis(40),
+            stopped_by: StopReason::MaxBatches,
+            outcome: RunOutcome::Partial,
+        });
+        for needle in [
+            "cleanup stopped at --max-batches",
+            "rows tombstoned   1200",
+            "batches           2",
+            "lock timeouts     1",
+            "rows skipped      1",
+            "duration          0.250 s",
+            "rows/s            4800",
+            "backlog left      7 rows (oldest overdue by 1h 1m 40s)",
+            "purge             off",
+        ] {
+            assert!(text.contains(needle), "{needle:?} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn dry_run_report_lists_tops_and_plan() {
+        let text = render_dry_run(&DryRunReport {
+            cutoff: t(0),
+            rows_due: 2500,
+            batch_size: 1000,
+            batches_needed: 3,
+            oldest_due_deadline: Some(t(-60)),
+            oldest_due_overdue: Some(Duration::from_secs(60)),
+            top_tenants: vec![DueCount {
+                name: "acme".into(),
+                rows_due: 2000,
+            }],
+            top_operations: vec![DueCount {
+                name: "create-order".into(),
+                rows_due: 2500,
+            }],
+            tombstones: 10,
+            live_records: 3000,
+            purge: None,
+            plan: Some("Nested Loop\n  ->  Sort".into()),
+        });
+        for needle in [
+            "nothing was changed",
+            "rows due          2500 (3 batches of 1000)",
+            "overdue by 1m",
+            "tombstones        10",
+            "live records      3000",
+            "2000  acme",
+            "2500  create-order",
+            "    Nested Loop",
+        ] {
+            assert!(text.contains(needle), "{needle:?} missing from\n{text}");
+        }
+    }
+}

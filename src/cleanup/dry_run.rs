@@ -1,0 +1,210 @@
+//! `tombstoned cleanup --dry-run`: what a run started now would do, read inside one READ ONLY
+//! transaction (REPEATABLE READ, so every figure comes from the same snapshot). Changes nothing.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_postgres::IsolationLevel;
+
+use super::run::purge_before;
+use super::{sql, CleanupError};
+use crate::config::{CleanupConfig, DatabaseConfig, OnLocked, RetentionConfig};
+use crate::db;
+
+/// Rows due for one tenant or operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DueCount {
+    /// The tenant id or operation name.
+    pub name: String,
+    /// Rows due at the cutoff.
+    pub rows_due: u64,
+}
+
+/// What the retention purge would delete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PurgePreview {
+    /// Tombstones that expired at or before this instant are candidates.
+    pub purge_before: DateTime<Utc>,
+    /// How many there are.
+    pub tombstones_to_purge: u64,
+}
+
+/// What a dry run found. Durations serialise as seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct DryRunReport {
+    /// The database clock at the dry run; a real run started right after uses its own.
+    pub cutoff: DateTime<Utc>,
+    /// Rows due at the cutoff: what a real run would tombstone.
+    pub rows_due: u64,
+    /// `cleanup.batch_size`.
+    pub batch_size: u32,
+    /// Batches a real run would take (`ceil(rows_due / batch_size)`).
+    pub batches_needed: u64,
+    /// The oldest due deadline.
+    pub oldest_due_deadline: Option<DateTime<Utc>>,
+    /// How far past its deadline that row is.
+    #[serde(
+        rename = "oldest_due_overdue_seconds",
+        serialize_with = "optional_seconds"
+    )]
+    pub oldest_due_overdue: Option<Duration>,
+    /// The tenants with the most rows due (at most 10).
+    pub top_tenants: Vec<DueCount>,
+    /// The operations with the most rows due (at most 10).
+    pub top_operations: Vec<DueCount>,
+    /// Tombstones in total.
+    pub tombstones: u64,
+    /// Records not yet expired (due or not).
+    pub live_records: u64,
+    /// The retention purge's candidates, when purge is configured.
+    pub purge: Option<PurgePreview>,
+    /// `EXPLAIN` of the batch statement for the first batch (with `--explain`).
+    pub plan: Option<String>,
+}
+
+fn optional_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+/// Reports what a cleanup run started now would do, without purge figures.
+pub async fn dry_run(
+    db: &DatabaseConfig,
+    cleanup: &CleanupConfig,
+    explain: bool,
+) -> Result<DryRunReport, CleanupError> {
+    dry_run_with_purge(db, cleanup, None, explain).await
+}
+
+/// [`dry_run`], plus what the retention purge would delete when `retention` configures it.
+#[tracing::instrument(skip_all, fields(schema = %db.schema))]
+pub async fn dry_run_with_purge(
+    db: &DatabaseConfig,
+    cleanup: &CleanupConfig,
+    retention: Option<&RetentionConfig>,
+    explain: bool,
+) -> Result<DryRunReport, CleanupError> {
+    let mut session = db::connect(db, "cleanup-dry-run")
+        .await
+        .map_err(CleanupError::Connect)?;
+    let tx = session
+        .client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(CleanupError::query("starting the dry run"))?;
+    let report = read(&tx, cleanup, retention, explain)
+        .await
+        .map_err(CleanupError::query("running the dry run"))?;
+    // Nothing was written; rolling back says so.
+    tx.rollback()
+        .await
+        .map_err(CleanupError::query("ending the dry run"))?;
+    Ok(report)
+}
+
+async fn read(
+    client: &impl tokio_postgres::GenericClient,
+    cleanup: &CleanupConfig,
+    retention: Option<&RetentionConfig>,
+    explain: bool,
+) -> Result<DryRunReport, tokio_postgres::Error> {
+    let timeout = format!("{}ms", cleanup.statement_timeout.as_millis().max(1));
+    let lock_timeout = format!("{}ms", cleanup.lock_timeout.as_millis().max(1));
+    // The batch transaction's settings, so the plan shown is the plan a batch gets.
+    client
+        .query_one(sql::BATCH_SETTINGS, &[&lock_timeout, &timeout])
+        .await?;
+    let cutoff: DateTime<Utc> = client.query_one(sql::CUTOFF, &[]).await?.try_get(0)?;
+
+    let due = client.query_one(sql::DRY_RUN_DUE, &[&cutoff]).await?;
+    let rows_due = count(due.try_get(0)?);
+    let oldest_due_deadline: Option<DateTime<Utc>> = due.try_get(1)?;
+    let top_tenants = top(client, sql::DRY_RUN_TOP_TENANTS, cutoff).await?;
+    let top_operations = top(client, sql::DRY_RUN_TOP_OPERATIONS, cutoff).await?;
+    let totals = client.query_one(sql::DRY_RUN_TOTALS, &[]).await?;
+
+    let purge = match retention.and_then(|r| r.purge_tombstones_after) {
+        Some(after) => match purge_before(cutoff, after) {
+            Some(purge_before) => {
+                let n: i64 = client
+                    .query_one(sql::DRY_RUN_PURGEABLE, &[&purge_before])
+                    .await?
+                    .try_get(0)?;
+                Some(PurgePreview {
+                    purge_before,
+                    tombstones_to_purge: count(n),
+                })
+            }
+            None => None,
+        },
+        None => None,
+    };
+
+    let plan = if explain {
+        // Plain EXPLAIN: it plans without executing, which a READ ONLY transaction allows.
+        let statement = match cleanup.on_locked {
+            OnLocked::Wait => sql::TOMBSTONE_BATCH,
+            OnLocked::Skip => sql::TOMBSTONE_BATCH_SKIP_LOCKED,
+        };
+        let no_cursor: Option<DateTime<Utc>> = None;
+        let limit = i64::from(cleanup.batch_size);
+        let lines = client
+            .query(
+                &format!("EXPLAIN {statement}"),
+                &[&cutoff, &no_cursor, &cutoff, &limit],
+            )
+            .await?;
+        let mut text = String::new();
+        for line in lines {
+            text.push_str(line.try_get::<_, &str>(0)?);
+            text.push('\n');
+        }
+        Some(text)
+    } else {
+        None
+    };
+
+    let batch = u64::from(cleanup.batch_size.max(1));
+    Ok(DryRunReport {
+        cutoff,
+        rows_due,
+        batch_size: cleanup.batch_size,
+        batches_needed: rows_due.div_ceil(batch),
+        oldest_due_deadline,
+        oldest_due_overdue: oldest_due_deadline.and_then(|d| (cutoff - d).to_std().ok()),
+        top_tenants,
+        top_operations,
+        tombstones: count(totals.try_get(0)?),
+        live_records: count(totals.try_get(1)?),
+        purge,
+        plan,
+    })
+}
+
+async fn top(
+    client: &impl tokio_postgres::GenericClient,
+    statement: &str,
+    cutoff: DateTime<Utc>,
+) -> Result<Vec<DueCount>, tokio_postgres::Error> {
+    client
+        .query(statement, &[&cutoff])
+        .await?
+        .iter()
+        .map(|row| {
+            Ok(DueCount {
+                name: row.try_get(0)?,
+                rows_due: count(row.try_get(1)?),
+            })
+        })
+        .collect()
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}

@@ -1,0 +1,61 @@
+//! The single-runner lease: a session-level advisory lock, held on a dedicated session
+//! (`tombstoned/cleanup-lease`) for the duration of one run, so that of several daemons sharing a
+//! database (an HA pair) at most one cleans at a time.
+//!
+//! It saves work, nothing more: correctness never depends on it. Two runs at once are safe (every
+//! batch locks rows in primary-key order and re-checks them after locking). If the lease session
+//! dies mid-run the lock is released by the server and another instance may start while this run
+//! finishes its current batch; that is the same safe overlap.
+
+use super::{sql, CleanupError};
+use crate::config::DatabaseConfig;
+use crate::db::{self, Session};
+
+/// The advisory-lock key text for a schema: `tombstoned:cleanup:<schema>`, hashed by the server
+/// with `hashtextextended(key, 0)` (in `pg_locks`: locktype `advisory`, objsubid 1, classid and
+/// objid the high and low halves of that bigint). The holder is easiest found by its
+/// application name, `tombstoned/cleanup-lease`, in `pg_stat_activity`.
+pub fn lease_key(schema: &str) -> String {
+    format!("tombstoned:cleanup:{schema}")
+}
+
+/// A held lease. Release it with [`Lease::release`]; dropping it closes the session, which
+/// releases the lock too.
+pub struct Lease {
+    session: Session,
+    key: String,
+}
+
+impl Lease {
+    /// Tries to take the lease without waiting: `Ok(None)` when another session holds it.
+    #[tracing::instrument(skip_all, fields(schema = %db.schema))]
+    pub async fn try_acquire(db: &DatabaseConfig) -> Result<Option<Lease>, CleanupError> {
+        let session = db::connect(db, "cleanup-lease")
+            .await
+            .map_err(CleanupError::Connect)?;
+        let key = lease_key(&db.schema);
+        let acquired: bool = session
+            .client
+            .query_one(sql::LEASE_TRY, &[&key])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(CleanupError::query("taking the cleanup lease"))?;
+        Ok(acquired.then_some(Lease { session, key }))
+    }
+
+    /// Whether the lease session is still connected (if not, the server released the lock).
+    pub fn is_held(&self) -> bool {
+        !self.session.is_closed()
+    }
+
+    /// Releases the lock and closes the session.
+    #[tracing::instrument(skip_all)]
+    pub async fn release(self) -> Result<(), CleanupError> {
+        self.session
+            .client
+            .query_one(sql::LEASE_RELEASE, &[&self.key])
+            .await
+            .map_err(CleanupError::query("releasing the cleanup lease"))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,98 @@
+//! The cleanup engine: batched, key-ordered tombstoning of expired idempotency records, the
+//! optional retention purge, the dry run, and the single-runner lease.
+//!
+//! A record is *due* when `NOT expired AND replay_deadline <= cutoff`, the cutoff being the
+//! database clock read once when the run starts. [`run_once`] turns due records into tombstones
+//! (`response_body = NULL, expired = true, expired_at = now()`; scope, key, fingerprint and
+//! everything else stay) in batches, each its own short READ COMMITTED transaction with bounded
+//! lock and statement waits. The batch statement takes its row locks in primary-key order, and
+//! those locks conflict with a replay's `FOR SHARE`, so the cleaner waits for in-flight replays
+//! and a replay that starts later sees the tombstone. The statements and the reasoning behind
+//! them are in [`sql`]; `docs/cleanup.md` has the measurements.
+//!
+//! How a run walks the due index (module `keyset`): each batch starts where the previous one
+//! stopped (a keyset cursor on `replay_deadline`), so a run never re-reads the index entries its
+//! own committed batches left dead, and its cost stays linear in the rows it tombstones. Rows it
+//! passes over because another session holds them past `cleanup.lock_timeout` are isolated in
+//! one `SKIP LOCKED` batch (the rest of the batch is tombstoned at once) and retried once at the
+//! end of the run; whatever is still held then is left for the next run and counted.
+//!
+//! When runs happen is [`crate::scheduler`]'s business; the single-runner lease is [`Lease`].
+
+mod command;
+mod dry_run;
+mod keyset;
+mod lease;
+mod run;
+pub mod sql;
+
+pub use command::command;
+pub use dry_run::{dry_run, dry_run_with_purge, DryRunReport, DueCount, PurgePreview};
+pub use lease::{lease_key, Lease};
+pub use run::{run_once, RunLimits, RunOutcome, RunReport, StopReason};
+
+pub(crate) use run::error_chain;
+
+use crate::db::{DbError, ErrorClass};
+
+/// Why a cleanup run (or dry run, or lease operation) failed. Every variant carries the
+/// [`DbError`] behind it, so callers classify it by SQLSTATE ([`CleanupError::class`]) and the
+/// CLI maps an unreachable database to exit status 69.
+#[derive(Debug, thiserror::Error)]
+pub enum CleanupError {
+    /// The cleanup session could not be opened.
+    #[error("cannot open the cleanup database session")]
+    Connect(#[source] DbError),
+    /// A statement failed (connection lost, statement timeout, schema missing, ...).
+    #[error("cleanup failed while {step}")]
+    Database {
+        /// What the engine was doing.
+        step: &'static str,
+        /// The database error.
+        #[source]
+        source: DbError,
+    },
+    /// A batch kept failing with deadlock (40P01) or serialization failure (40001).
+    #[error(
+        "a cleanup batch failed {attempts} times in a row with a deadlock or serialization failure"
+    )]
+    RetriesExhausted {
+        /// How many attempts were made.
+        attempts: u32,
+        /// The last failure.
+        #[source]
+        source: DbError,
+    },
+}
+
+impl CleanupError {
+    /// The failure's class, from its SQLSTATE.
+    pub fn class(&self) -> ErrorClass {
+        self.db_error().class()
+    }
+
+    /// The SQLSTATE class for `tombstoned_db_errors_total{sqlstate_class}`.
+    pub fn sqlstate_class(&self) -> &str {
+        self.db_error().sqlstate_class()
+    }
+
+    /// True when the database could not be reached or the connection was lost.
+    pub fn is_unavailable(&self) -> bool {
+        self.class() == ErrorClass::Unavailable
+    }
+
+    fn db_error(&self) -> &DbError {
+        match self {
+            CleanupError::Connect(e)
+            | CleanupError::Database { source: e, .. }
+            | CleanupError::RetriesExhausted { source: e, .. } => e,
+        }
+    }
+
+    fn query(step: &'static str) -> impl FnOnce(tokio_postgres::Error) -> CleanupError {
+        move |e| CleanupError::Database {
+            step,
+            source: DbError::Query(e),
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Every SQL statement of the cleanup engine, in one place, so the locking protocol reads top to
+//! bottom. docs/cleanup.md explains the choices and has the measurements behind them.
+//!
+//! All statements use unqualified names: sessions start with `search_path` set to the configured
+//! schema. Every value is a parameter.
+//!
+//! # The batch statements
+//!
+//! Both phases (tombstoning, and the optional retention purge) run the same shape of statement,
+//! one per batch transaction, taking `$1` the due bound used for the re-check after locking,
+//! `$2` where this batch starts in the index (inclusive; `NULL` = from the beginning), `$3`
+//! where it must stop (inclusive, never past `$1`) and `$4` the batch size. Each returns one row:
+//! `picked`, `changed`, `last` (the largest index key picked, where the next batch starts) and,
+//! for the `SKIP LOCKED` variants, `passed_over` (due rows left because another session held
+//! them; see [`crate::cleanup`] for how each is counted once).
+//!
+//! * `picked`: the oldest due rows through the partial index (`WHERE NOT expired` for
+//!   tombstoning, `WHERE expired` for purging), `LIMIT $4`, from the keyset position `$2`, so a
+//!   batch never steps over the entries earlier batches of the run left dead in the index.
+//!   Materialised: the index is read once.
+//! * `changed`: ONE `UPDATE` (or `DELETE`) joined on `ctid` to the picked rows sorted by primary
+//!   key. With hash and merge joins disabled for the transaction ([`BATCH_SETTINGS`]) the plan is
+//!   a nested loop whose outer side is that sorted list, so the statement's own row locks
+//!   (FOR NO KEY UPDATE strength for the UPDATE, FOR UPDATE for the DELETE; both conflict with a
+//!   replay's FOR SHARE) are taken in primary-key order. A row that changed since it was picked
+//!   is re-checked after its lock by EvalPlanQual: a new version fails the `ctid` condition and
+//!   the due condition is re-evaluated on the current row, so nothing that stopped being due is
+//!   touched. The test `tombstone_plan_locks_in_primary_key_order` pins the plan shape;
+//!   correctness does not depend on it (another order could at worst deadlock, 40P01, and the
+//!   batch is retried).
+
+/// Per batch transaction (`SET LOCAL` semantics: `is_local = true`): `$1` lock_timeout, `$2`
+/// statement_timeout (both in milliseconds). Hash and merge joins are disabled so the batch
+/// statement's join is the nested loop that locks rows in primary-key order, and plans are always
+/// made for the actual parameters (a generic plan cannot see how many rows are due).
+pub const BATCH_SETTINGS: &str = "\
+SELECT set_config('lock_timeout', $1, true),
+       set_config('statement_timeout', $2, true),
+       set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true),
+       set_config('plan_cache_mode', 'force_custom_plan', true)";
+
+/// Per session, for the statements outside batch transactions (cutoff, backlog count, dry run):
+/// `$1` statement_timeout in milliseconds.
+pub const SESSION_SETTINGS: &str = "SELECT set_config('statement_timeout', $1, false)";
+
+/// The run's cutoff: the database clock, read once, fixed for the whole run.
+pub const CUTOFF: &str = "SELECT now()";
+
+/// Tombstone one batch, waiting (up to `lock_timeout`) for rows other sessions hold.
+pub const TOMBSTONE_BATCH: &str = "\
+WITH picked AS MATERIALIZED (
+    SELECT ctid AS tid, tenant_id, principal_id, operation, idempotency_key, replay_deadline
+    FROM idempotency_records
+    WHERE NOT expired
+      AND replay_deadline >= coalesce($2::timestamptz, '-infinity')
+      AND replay_deadline <= $3::timestamptz
+    ORDER BY replay_deadline
+    LIMIT $4
+),
+changed AS (
+    UPDATE idempotency_records AS r
+    SET response_body = NULL, expired = true, expired_at = now()
+    FROM (SELECT tid FROM picked
+          ORDER BY tenant_id, principal_id, operation, idempotency_key) AS k
+    WHERE r.ctid = k.tid
+      AND NOT r.expired
+      AND r.replay_deadline <= $1::timestamptz
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM picked) AS picked,
+       (SELECT count(*) FROM changed) AS changed,
+       (SELECT max(replay_deadline) FROM picked) AS last";
+
+/// Tombstone one batch without waiting: rows another session holds are passed over
+/// (`cleanup.on_locked = "skip"`, and the one batch that isolates a held row after a lock
+/// timeout). `SKIP LOCKED` never waits, so lock order cannot matter here.
+///
+/// `passed_over` counts the due rows in `[$2, last)` (or `[$2, $3]` when nothing was picked)
+/// that were not picked: in this snapshot they were due, and the only reason to pass a due row
+/// is its lock. Rows at exactly `last` are counted by the batch that moves past them.
+pub const TOMBSTONE_BATCH_SKIP_LOCKED: &str = "\
+WITH picked AS MATERIALIZED (
+    SELECT ctid AS tid, replay_deadline
+    FROM idempotency_records
+    WHERE NOT expired
+      AND replay_deadline >= coalesce($2::timestamptz, '-infinity')
+      AND replay_deadline <= $3::timestamptz
+    ORDER BY replay_deadline
+    LIMIT $4
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+changed AS (
+    UPDATE idempotency_records AS r
+    SET response_body = NULL, expired = true, expired_at = now()
+    FROM picked AS k
+    WHERE r.ctid = k.tid
+      AND NOT r.expired
+      AND r.replay_deadline <= $1::timestamptz
+    RETURNING 1
+),
+summary AS (
+    SELECT count(*) AS picked, max(replay_deadline) AS last FROM picked
+)
+SELECT s.picked,
+       (SELECT count(*) FROM changed) AS changed,
+       s.last,
+       (SELECT count(*) FROM idempotency_records
+        WHERE NOT expired
+          AND replay_deadline >= coalesce($2::timestamptz, '-infinity')
+          AND replay_deadline <= $3::timestamptz
+          AND (s.last IS NULL OR replay_deadline < s.last))
+       - (SELECT count(*) FROM picked WHERE replay_deadline < s.last) AS passed_over
+FROM summary AS s";
+
+/// Purge one batch of old tombstones (`retention.purge_tombstones_after`), waiting for held rows.
+/// Same shape as [`TOMBSTONE_BATCH`], on the purge index (`expired_at WHERE expired`).
+pub const PURGE_BATCH: &str = "\
+WITH picked AS MATERIALIZED (
+    SELECT ctid AS tid, tenant_id, principal_id, operation, idempotency_key, expired_at
+    FROM idempotency_records
+    WHERE expired
+      AND expired_at >= coalesce($2::timestamptz, '-infinity')
+      AND expired_at <= $3::timestamptz
+    ORDER BY expired_at
+    LIMIT $4
+),
+changed AS (
+    DELETE FROM idempotency_records AS r
+    USING (SELECT tid FROM picked
+           ORDER BY tenant_id, principal_id, operation, idempotency_key) AS k
+    WHERE r.ctid = k.tid
+      AND r.expired
+      AND r.expired_at <= $1::timestamptz
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM picked) AS picked,
+       (SELECT count(*) FROM changed) AS changed,
+       (SELECT max(expired_at) FROM picked) AS last";
+
+/// Purge one batch without waiting; see [`TOMBSTONE_BATCH_SKIP_LOCKED`].
+pub const PURGE_BATCH_SKIP_LOCKED: &str = "\
+WITH picked AS MATERIALIZED (
+    SELECT ctid AS tid, expired_at
+    FROM idempotency_records
+    WHERE expired
+      AND expired_at >= coalesce($2::timestamptz, '-infinity')
+      AND expired_at <= $3::timestamptz
+    ORDER BY expired_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+),
+changed AS (
+    DELETE FROM idempotency_records AS r
+    USING picked AS k
+    WHERE r.ctid = k.tid
+      AND r.expired
+      AND r.expired_at <= $1::timestamptz
+    RETURNING 1
+),
+summary AS (
+    SELECT count(*) AS picked, max(expired_at) AS last FROM picked
+)
+SELECT s.picked,
+       (SELECT count(*) FROM changed) AS changed,
+       s.last,
+       (SELECT count(*) FROM idempotency_records
+        WHERE expired
+          AND expired_at >= coalesce($2::timestamptz, '-infinity')
+          AND expired_at <= $3::timestamptz
+          AND (s.last IS NULL OR expired_at < s.last))
+       - (SELECT count(*) FROM picked WHERE expired_at < s.last) AS passed_over
+FROM summary AS s";
+
+/// Due rows still there in one deadline range `[$1, $2]` (`$1` NULL = from the beginning): the
+/// backlog a run leaves, counted only over the ranges where the run knows rows may remain, so the
+/// count does not walk the index entries the run itself just left dead.
+pub const DUE_IN_RANGE: &str = "\
+SELECT count(*), min(replay_deadline)
+FROM idempotency_records
+WHERE NOT expired
+  AND replay_deadline >= coalesce($1::timestamptz, '-infinity')
+  AND replay_deadline <= $2::timestamptz";
+
+/// Dry run: rows due at the cutoff `$1`, and the oldest due deadline.
+pub const DRY_RUN_DUE: &str = "\
+SELECT count(*), min(replay_deadline)
+FROM idempotency_records
+WHERE NOT expired AND replay_deadline <= $1::timestamptz";
+
+/// Dry run: the tenants with the most rows due at `$1`.
+pub const DRY_RUN_TOP_TENANTS: &str = "\
+SELECT tenant_id, count(*) AS due
+FROM idempotency_records
+WHERE NOT expired AND replay_deadline <= $1::timestamptz
+GROUP BY tenant_id
+ORDER BY due DESC, tenant_id
+LIMIT 10";
+
+/// Dry run: the operations with the most rows due at `$1`.
+pub const DRY_RUN_TOP_OPERATIONS: &str = "\
+SELECT operation, count(*) AS due
+FROM idempotency_records
+WHERE NOT expired AND replay_deadline <= $1::timestamptz
+GROUP BY operation
+ORDER BY due DESC, operation
+LIMIT 10";
+
+/// Dry run: tombstones and live records in total (each through its partial index).
+pub const DRY_RUN_TOTALS: &str = "\
+SELECT (SELECT count(*) FROM idempotency_records WHERE expired) AS tombstones,
+       (SELECT count(*) FROM idempotency_records WHERE NOT expired) AS live";
+
+/// Dry run: tombstones a purge would delete (`expired_at <= $1`).
+pub const DRY_RUN_PURGEABLE: &str = "\
+SELECT count(*) FROM idempotency_records WHERE expired AND expired_at <= $1::timestamptz";
+
+/// The single-runner lease: a session-level advisory lock on a key derived from the schema
+/// (`$1` = `tombstoned:cleanup:<schema>`), so two deployments in different schemas of one
+/// database do not exclude each other. Operators find it in `pg_locks` (locktype `advisory`).
+pub const LEASE_TRY: &str = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))";
+
+/// Releases the lease (closing the session would too).
+pub const LEASE_RELEASE: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
