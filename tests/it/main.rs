@@ -4,4 +4,5 @@
 mod cleanup;
 mod cleanup_support;
 mod harness;
+mod scheduler;
 mod schema;
