@@ -67,7 +67,7 @@ pub async fn command(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit
     signals.abort();
     if let Err(e) = lease.release().await {
         // Closing the session (dropping the lease) releases it anyway.
-        tracing::warn!(error = %super::error_chain(&e), "could not release the cleanup lease");
+        tracing::warn!(error = %e.summary(), "could not release the cleanup lease");
     }
     let report = result.context("cleanup run failed")?;
     if args.json {

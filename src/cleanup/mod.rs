@@ -31,7 +31,7 @@ pub use dry_run::{dry_run, dry_run_with_purge, DryRunReport, DueCount, PurgePrev
 pub use lease::{lease_key, Lease};
 pub use run::{run_once, RunLimits, RunOutcome, RunReport, StopReason};
 
-pub(crate) use run::error_chain;
+use run::error_chain;
 
 use crate::db::{DbError, ErrorClass};
 
@@ -74,6 +74,13 @@ impl CleanupError {
     /// The SQLSTATE class for `tombstoned_db_errors_total{sqlstate_class}`.
     pub fn sqlstate_class(&self) -> &str {
         self.db_error().sqlstate_class()
+    }
+
+    /// The error and its causes on one line, safe for logs and status lines: a server error
+    /// appears as severity, SQLSTATE and message, never with its DETAIL (which can quote row
+    /// values such as keys).
+    pub fn summary(&self) -> String {
+        error_chain(self)
     }
 
     /// True when the database could not be reached or the connection was lost.

@@ -188,14 +188,32 @@ pub async fn run_once(
     result
 }
 
-/// `error: cause: cause` on one line, for logs.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+/// `error: cause: cause` on one line, for logs and the scheduler status. A server error is shown
+/// as its SQLSTATE and message only: its DETAIL can quote row values (keys, bodies), which never
+/// go into logs.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = String::new();
+    let mut next = Some(e);
+    while let Some(cause) = next {
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        let server = cause
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::as_db_error);
+        match server {
+            Some(db) => {
+                text.push_str(&format!(
+                    "{} {}: {}",
+                    db.severity(),
+                    db.code().code(),
+                    db.message()
+                ));
+                break;
+            }
+            None => text.push_str(&cause.to_string()),
+        }
+        next = cause.source();
     }
     text
 }
@@ -224,8 +242,14 @@ async fn run_inner(
         .try_get(0)
         .map_err(CleanupError::query("reading the cutoff"))?;
 
+    // Prepared once: every batch then costs four round trips (BEGIN, settings, batch, COMMIT).
+    let batch_settings = client
+        .prepare(sql::BATCH_SETTINGS)
+        .await
+        .map_err(CleanupError::query("preparing the batch settings"))?;
     let mut engine = Engine {
         client,
+        batch_settings,
         cleanup,
         limits,
         shutdown,
@@ -404,6 +428,7 @@ enum BatchResult {
 
 struct Engine<'a> {
     client: &'a Client,
+    batch_settings: Statement,
     cleanup: &'a CleanupConfig,
     limits: RunLimits,
     shutdown: &'a CancellationToken,
@@ -425,6 +450,7 @@ impl Engine<'_> {
     /// the end of the phase; what is still held then is left for the next run.
     ///
     /// `on_locked = "skip"`: every batch uses `SKIP LOCKED`; held rows are left for the next run.
+    #[tracing::instrument(level = "debug", skip(self), fields(?phase, %bound))]
     async fn phase(&mut self, phase: Phase, bound: Key) -> Result<PhaseResult, CleanupError> {
         let (wait_sql, skip_sql) = phase.statements();
         let wait = self
@@ -632,7 +658,7 @@ impl Engine<'_> {
         let body = async {
             self.client
                 .query_one(
-                    sql::BATCH_SETTINGS,
+                    &self.batch_settings,
                     &[&self.lock_timeout, &self.statement_timeout],
                 )
                 .await?;

@@ -818,6 +818,7 @@ async fn connection_loss_fails_the_run_cleanly_and_the_next_run_reconnects() {
         .unwrap();
     let error = cleaner.await.unwrap().expect_err("the run must fail");
     assert!(error.is_unavailable(), "{error:?}");
+    assert!(error.summary().contains("57P01"), "{}", error.summary());
     assert_eq!(
         tombstoned::cli::exit_for(&anyhow::Error::new(error)),
         tombstoned::cli::Exit::Unavailable
