@@ -43,11 +43,6 @@ impl Lease {
         Ok(acquired.then_some(Lease { session, key }))
     }
 
-    /// Whether the lease session is still connected (if not, the server released the lock).
-    pub fn is_held(&self) -> bool {
-        !self.session.is_closed()
-    }
-
     /// Releases the lock and closes the session.
     #[tracing::instrument(skip_all)]
     pub async fn release(self) -> Result<(), CleanupError> {

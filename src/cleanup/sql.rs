@@ -25,7 +25,7 @@
 //!   replay's FOR SHARE) are taken in primary-key order. A row that changed since it was picked
 //!   is re-checked after its lock by EvalPlanQual: a new version fails the `ctid` condition and
 //!   the due condition is re-evaluated on the current row, so nothing that stopped being due is
-//!   touched. The test `tombstone_plan_locks_in_primary_key_order` pins the plan shape;
+//!   touched. The test `batch_plans_lock_rows_in_primary_key_order` pins the plan shape;
 //!   correctness does not depend on it (another order could at worst deadlock, 40P01, and the
 //!   batch is retried).
 
@@ -89,7 +89,9 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 ///
 /// `passed_over` counts the due rows in `[$2, last)` (or `[$2, $3]` when nothing was picked)
 /// that were not picked: in this snapshot they were due, and the only reason to pass a due row
-/// is its lock. Rows at exactly `last` are counted by the batch that moves past them.
+/// is its lock. Rows at exactly `last` are counted by the batch that moves past them. Both
+/// bounds are index conditions, so the count reads the batch's own key range, never the backlog
+/// beyond it.
 pub const TOMBSTONE_BATCH_SKIP_LOCKED: &str = "\
 WITH picked AS MATERIALIZED (
     SELECT ctid AS tid, replay_deadline
@@ -119,8 +121,7 @@ SELECT s.picked,
        (SELECT count(*) FROM idempotency_records
         WHERE NOT expired
           AND replay_deadline >= coalesce($2::timestamptz, '-infinity')
-          AND replay_deadline <= $3::timestamptz
-          AND (s.last IS NULL OR replay_deadline < s.last))
+          AND replay_deadline < coalesce(s.last, $3::timestamptz + interval '1 microsecond'))
        - (SELECT count(*) FROM picked WHERE replay_deadline < s.last) AS passed_over
 FROM summary AS s";
 
@@ -178,8 +179,7 @@ SELECT s.picked,
        (SELECT count(*) FROM idempotency_records
         WHERE expired
           AND expired_at >= coalesce($2::timestamptz, '-infinity')
-          AND expired_at <= $3::timestamptz
-          AND (s.last IS NULL OR expired_at < s.last))
+          AND expired_at < coalesce(s.last, $3::timestamptz + interval '1 microsecond'))
        - (SELECT count(*) FROM picked WHERE expired_at < s.last) AS passed_over
 FROM summary AS s";
 

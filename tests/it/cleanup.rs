@@ -669,6 +669,37 @@ async fn batch_plans_lock_rows_in_primary_key_order() {
         );
         assert_eq!(inner["Node Type"], "Tid Scan", "{plan:#}");
     }
+    // The SKIP LOCKED variants count the rows they passed over within the batch's own key range:
+    // both bounds must be index conditions, or every batch would count the whole backlog.
+    for statement in [
+        sql::TOMBSTONE_BATCH_SKIP_LOCKED,
+        sql::PURGE_BATCH_SKIP_LOCKED,
+    ] {
+        client.batch_execute("BEGIN").await.unwrap();
+        client
+            .query_one(sql::BATCH_SETTINGS, &[&"5s", &"30s"])
+            .await
+            .unwrap();
+        let plan: serde_json::Value = client
+            .query_one(
+                &format!("EXPLAIN (FORMAT JSON) {statement}"),
+                &[&cutoff, &no_cursor, &cutoff, &1000i64],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        client.batch_execute("ROLLBACK").await.unwrap();
+        let count = find(&plan[0]["Plan"], &|n| {
+            n["Index Cond"].as_str().is_some_and(|c| c.contains("last"))
+        })
+        .unwrap_or_else(|| panic!("passed-over count not bounded by the index: {plan:#}"));
+        let cond = count["Index Cond"].as_str().unwrap();
+        assert!(cond.contains(">="), "{cond}");
+        assert!(
+            count["Filter"].as_str().is_none_or(|f| !f.contains("last")),
+            "{count:#}"
+        );
+    }
 }
 
 /// `on_locked = "skip"`: held rows are passed over without waiting and counted.
@@ -696,6 +727,14 @@ async fn skip_mode_never_waits_and_leaves_held_rows_for_the_next_run() {
     assert_eq!(report.backlog_rows, 2);
     assert_eq!(report.outcome, RunOutcome::Success);
     assert!(!is_tombstone(&observer, &middle).await);
+    let dry = cleanup::dry_run(&config.database, &config.cleanup, true)
+        .await
+        .unwrap();
+    assert_eq!(dry.rows_due, 2);
+    assert!(
+        dry.plan.unwrap().contains("LockRows"),
+        "skip mode plans SKIP LOCKED"
+    );
     reader_a.commit().await;
     reader_b.commit().await;
     let next = run(&config).await;
