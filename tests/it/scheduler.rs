@@ -93,8 +93,8 @@ async fn fire_times_missed_during_a_long_run_are_coalesced_into_one_catch_up_run
     seed_live(&observer, "co", 20, DUE).await;
     let held = nth_live(&observer, 5).await;
     let (reader, _) = Reader::lock(&db, &held, "FOR SHARE").await;
-    // Three consecutive fire times, the first at least 2 s away; then nothing for a minute.
-    let first = Utc::now() + TimeDelta::seconds(2);
+    // Three consecutive fire times, the first at least 3 s away; then nothing for a minute.
+    let first = Utc::now() + TimeDelta::seconds(3);
     let s = first.second();
     let schedule = format!("{},{},{} * * * * *", s, (s + 1) % 60, (s + 2) % 60);
     let config = db.config_with(&[
