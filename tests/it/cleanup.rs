@@ -967,3 +967,22 @@ async fn cli_run_prints_its_report_and_respects_the_lease() {
         .unwrap();
     assert_eq!(explain.status.code(), Some(64));
 }
+
+/// An unreachable database is exit status 69 for a run and for a dry run.
+#[tokio::test]
+async fn cli_exits_69_when_the_database_is_unreachable() {
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let url = format!("host=127.0.0.1 port={closed_port} user=nobody dbname=nothing");
+    for args in [&["cleanup"][..], &["cleanup", "--dry-run"][..]] {
+        let output = tokio::process::Command::new(binary())
+            .args(args)
+            .env("TOMBSTONED_DATABASE_URL", &url)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(output.status.code(), Some(69), "{args:?}: {output:?}");
+    }
+}
