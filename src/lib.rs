@@ -14,6 +14,9 @@
 //! * [`schedule`] — crontab(5) schedules and their fire times;
 //! * [`db`] — connection pools, SQLSTATE classification, and [`db::migrations`];
 //! * [`pg_cluster`] — throwaway local PostgreSQL clusters for tests, the demo and benchmarks;
+//! * [`readiness`] — is the database reachable and the schema current (`/readyz`, watchdog);
+//! * [`ops_server`] — the metrics and health listener (`/metrics`, `/healthz`, `/readyz`);
+//! * [`systemd`] — sd_notify readiness, status and the watchdog;
 //! * [`cli`] — the command line and its exit codes.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -25,5 +28,8 @@ pub mod daemon;
 pub mod db;
 pub mod demo;
 pub mod metrics;
+pub mod ops_server;
 pub mod pg_cluster;
+pub mod readiness;
 pub mod schedule;
+pub mod systemd;

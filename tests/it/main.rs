@@ -2,4 +2,7 @@
 //! server starts once and the tests share helpers.
 
 mod harness;
+mod ops_server;
+mod ops_support;
+mod prometheus;
 mod schema;
