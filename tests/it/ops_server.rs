@@ -204,6 +204,7 @@ async fn readyz_is_503_once_shutdown_begins_and_the_listener_stops_on_cancel() {
 /// and its real output passes `promtool check metrics` (the exposition linter).
 #[tokio::test]
 async fn metrics_are_valid_prometheus_text_with_pool_connections() {
+    let promtool = prometheus_tool("promtool"); // first: a missing tool fails here, with advice
     let db = TestDb::new().await;
     let config = db.config();
     let metrics = Arc::new(Metrics::new().unwrap());
@@ -239,13 +240,13 @@ async fn metrics_are_valid_prometheus_text_with_pool_connections() {
         .lines()
         .any(|l| l == "tombstoned_db_pool_connections{state=\"idle\"} 1"));
 
-    promtool_check_metrics(&body).await;
+    promtool_check_metrics(&promtool, &body).await;
     ops.stop().await.unwrap();
 }
 
-async fn promtool_check_metrics(exposition: &str) {
+async fn promtool_check_metrics(promtool: &std::path::Path, exposition: &str) {
     use tokio::io::AsyncWriteExt as _;
-    let mut child = tokio::process::Command::new(prometheus_tool("promtool"))
+    let mut child = tokio::process::Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,8 +31,7 @@ struct PrometheusServer {
 
 impl PrometheusServer {
     /// Starts Prometheus on a free loopback port, scraping `target` every second.
-    async fn start(target: SocketAddr) -> Self {
-        let binary = prometheus_tool("prometheus");
+    async fn start(binary: &Path, target: SocketAddr) -> Self {
         // A free port can be taken between our probe and Prometheus binding it; try again then.
         let mut attempts = 0;
         loop {
@@ -43,7 +42,7 @@ impl PrometheusServer {
             let log = dir.path().join("prometheus.log");
             let port = free_port();
             let log_file = std::fs::File::create(&log).unwrap();
-            let child = tokio::process::Command::new(&binary)
+            let child = tokio::process::Command::new(binary)
                 .arg(format!("--config.file={}", config.display()))
                 .arg(format!(
                     "--storage.tsdb.path={}",
@@ -179,6 +178,7 @@ fn shipped_alert_names() -> BTreeSet<String> {
 
 #[tokio::test]
 async fn a_real_prometheus_scrapes_the_counter_and_loads_the_alerting_rules() {
+    let binary = prometheus_tool("prometheus"); // first: a missing tool fails here, with advice
     let db = TestDb::new().await;
     let metrics = Arc::new(Metrics::new().unwrap());
     let ops = RunningOps::start(OpsState::new(
@@ -186,7 +186,7 @@ async fn a_real_prometheus_scrapes_the_counter_and_loads_the_alerting_rules() {
         fresh_probe(&db.config().database),
     ))
     .await;
-    let prometheus = PrometheusServer::start(ops.addr).await;
+    let prometheus = PrometheusServer::start(&binary, ops.addr).await;
 
     prometheus
         .wait_for_value("up{job=\"tombstoned\"}", "1")
