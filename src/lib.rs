@@ -14,16 +14,27 @@
 //! * [`schedule`] — crontab(5) schedules and their fire times;
 //! * [`db`] — connection pools, SQLSTATE classification, and [`db::migrations`];
 //! * [`pg_cluster`] — throwaway local PostgreSQL clusters for tests, the demo and benchmarks;
-//! * [`cli`] — the command line and its exit codes.
+//! * [`cli`] — the command line and its exit codes;
+//! * [`claim`] — the claim/replay transaction and its [`claim::ClaimOutcome`];
+//! * [`http`] — the HTTP API around it; [`auth`] — bearer tokens; [`order_request`] — request
+//!   validation; [`money`] — currencies and amounts; [`fingerprint`] — the intent's fingerprint;
+//!   [`lookup`] — the read-only GET queries.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
+pub mod claim;
 pub mod cleanup;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod db;
 pub mod demo;
+pub mod fingerprint;
+pub mod http;
+pub mod lookup;
 pub mod metrics;
+pub mod money;
+pub mod order_request;
 pub mod pg_cluster;
 pub mod schedule;
