@@ -1,5 +1,7 @@
 //! Integration tests against a real PostgreSQL (see `harness`). One test binary, so the
 //! server starts once and the tests share helpers.
 
+mod api;
+mod api_support;
 mod harness;
 mod schema;
