@@ -287,3 +287,42 @@ impl Drop for TestApi {
         self.shutdown.cancel();
     }
 }
+
+/// Polls `pg_stat_activity` until an API session (`tombstoned/api`) waits on a lock held by
+/// backend `blocker` (per `pg_blocking_pids`); returns the waiting session's pid.
+pub async fn wait_until_api_blocked_by(
+    observer: &tokio_postgres::Client,
+    blocker: i32,
+    timeout: std::time::Duration,
+) -> i32 {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let row = observer
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity
+                 WHERE application_name = 'tombstoned/api' AND wait_event_type = 'Lock'
+                   AND $1 = ANY (pg_blocking_pids(pid))
+                 LIMIT 1",
+                &[&blocker],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = row {
+            return row.get(0);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no API session waited on backend {blocker} within {timeout:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// The backend pid of a session.
+pub async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}

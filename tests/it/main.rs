@@ -2,6 +2,7 @@
 //! server starts once and the tests share helpers.
 
 mod api;
+mod api_concurrency;
 mod api_support;
 mod harness;
 mod schema;
