@@ -131,7 +131,9 @@ pub enum TokensError {
         message: String,
     },
     /// An entry's value is not acceptable.
-    #[error("invalid tokens file {path}: [[token]] entry {index} ({tenant}/{principal}): {reason}")]
+    #[error(
+        "invalid tokens file {path}: [[token]] entry {index} ({tenant}/{principal}): {reason}"
+    )]
     Invalid {
         /// The file.
         path: PathBuf,
@@ -206,7 +208,9 @@ impl TokenSet {
             };
             let digest = parse_digest(&t.sha256).map_err(&invalid)?;
             if set.digests.contains(&digest) {
-                return Err(invalid("the same sha256 appears in an earlier entry".into()));
+                return Err(invalid(
+                    "the same sha256 appears in an earlier entry".into(),
+                ));
             }
             for (what, name) in [("tenant", &t.tenant), ("principal", &t.principal)] {
                 check_name(name).map_err(|r| invalid(format!("{what} {r}")))?;
@@ -228,10 +232,7 @@ impl TokenSet {
                     for s in list {
                         let limit = parse_limit(s).map_err(&invalid)?;
                         if limits.iter().any(|(c, _)| *c == limit.0) {
-                            return Err(invalid(format!(
-                                "approval_limit names {} twice",
-                                limit.0
-                            )));
+                            return Err(invalid(format!("approval_limit names {} twice", limit.0)));
                         }
                         limits.push(limit);
                     }
@@ -364,11 +365,20 @@ mod tests {
     #[test]
     fn bad_files_name_the_problem() {
         for (text, needle) in [
-            ("[[token]]\nsha256 = \"zz\"\ntenant = \"a\"\nprincipal = \"b\"\n", "hexadecimal"),
-            (&entry("x", "permissions = [\"orders:delete\"]"), "orders:delete"),
+            (
+                "[[token]]\nsha256 = \"zz\"\ntenant = \"a\"\nprincipal = \"b\"\n",
+                "hexadecimal",
+            ),
+            (
+                &entry("x", "permissions = [\"orders:delete\"]"),
+                "orders:delete",
+            ),
             (&entry("x", "approval_limit = \"5000 ZZZ\""), "ZZZ"),
             (&entry("x", "approval_limit = \"5000.001 CNY\""), "decimals"),
-            (&entry("x", "approval_limit = [\"1 CNY\", \"2 CNY\"]"), "twice"),
+            (
+                &entry("x", "approval_limit = [\"1 CNY\", \"2 CNY\"]"),
+                "twice",
+            ),
             (&entry("x", "colour = \"red\""), "colour"),
             (&(entry("x", "") + &entry("x", "")), "earlier entry"),
             ("[[token]]\nsha256 = \"00\"\n", "tenant"),
@@ -376,7 +386,9 @@ mod tests {
             let e = set(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{needle}: {e}");
         }
-        let e = set(&entry("x", "").replace("acme", "")).unwrap_err().to_string();
+        let e = set(&entry("x", "").replace("acme", ""))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("tenant must be"), "{e}");
     }
 
@@ -385,7 +397,10 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/tokens.toml");
         let s = TokenSet::load(&path).unwrap();
         let alice = s.authenticate("example-acme-alice-token").unwrap();
-        assert_eq!((alice.tenant.as_str(), alice.principal.as_str()), ("acme", "alice"));
+        assert_eq!(
+            (alice.tenant.as_str(), alice.principal.as_str()),
+            ("acme", "alice")
+        );
         assert!(alice.may(Permission::CreateOrders) && alice.may(Permission::ReadOrders));
         assert!(s.authenticate("example-acme-bob-token").is_some());
         assert!(s.authenticate("example-globex-carol-token").is_some());

@@ -72,16 +72,26 @@ macro_rules! order_json_sql {
      $created_at:literal) => {
         concat!(
             "jsonb_build_object(",
-            "'order_id', ", $order_id,
-            ", 'request_id', ", $request_id,
-            ", 'amount_minor', ", $amount_minor,
-            ", 'amount', ", $amount,
-            ", 'currency', ", $currency,
-            ", 'item', ", $item,
-            ", 'quantity', ", $quantity,
-            ", 'recipient', ", $recipient,
-            ", 'status', ", $status,
-            ", 'created_at', to_char(", $created_at,
+            "'order_id', ",
+            $order_id,
+            ", 'request_id', ",
+            $request_id,
+            ", 'amount_minor', ",
+            $amount_minor,
+            ", 'amount', ",
+            $amount,
+            ", 'currency', ",
+            $currency,
+            ", 'item', ",
+            $item,
+            ", 'quantity', ",
+            $quantity,
+            ", 'recipient', ",
+            $recipient,
+            ", 'status', ",
+            $status,
+            ", 'created_at', to_char(",
+            $created_at,
             " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))"
         )
     };
@@ -107,7 +117,8 @@ pub mod sql {
     /// `$15` new event id (uuid v7), `$16` metadata (jsonb or NULL).
     ///
     /// Returns one row (`body`, `order_id`) to the owner, no row when the key exists.
-    pub const CLAIM_AND_CREATE: &str = concat!(
+    pub const CLAIM_AND_CREATE: &str =
+        concat!(
         "WITH claim AS (\n",
         "    INSERT INTO idempotency_records\n",
         "        (tenant_id, principal_id, operation, idempotency_key, fingerprint,\n",
@@ -177,8 +188,16 @@ FOR SHARE";
         "SELECT principal_id, amount_minor, currency::text AS currency, item, quantity,\n",
         "       recipient, order_id,\n       ",
         order_json_sql!(
-            "order_id", "request_id", "amount_minor", "$3::text", "currency::text", "item",
-            "quantity", "recipient", "status", "created_at"
+            "order_id",
+            "request_id",
+            "amount_minor",
+            "$3::text",
+            "currency::text",
+            "item",
+            "quantity",
+            "recipient",
+            "status",
+            "created_at"
         ),
         "::text AS body\n",
         "FROM orders\n",

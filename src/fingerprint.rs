@@ -163,8 +163,10 @@ mod tests {
     #[test]
     fn big_amounts_do_not_collide() {
         // 2^53 + 1 and 2^53 are the same IEEE double; as strings they differ.
-        let a = fp(r#"{"request_id":"r","amount_minor":9007199254740993,"item":"i","recipient":"x"}"#);
-        let b = fp(r#"{"request_id":"r","amount_minor":9007199254740992,"item":"i","recipient":"x"}"#);
+        let a =
+            fp(r#"{"request_id":"r","amount_minor":9007199254740993,"item":"i","recipient":"x"}"#);
+        let b =
+            fp(r#"{"request_id":"r","amount_minor":9007199254740992,"item":"i","recipient":"x"}"#);
         assert_ne!(a, b);
     }
 

@@ -213,7 +213,10 @@ mod tests {
             parse_amount(&"9".repeat(30), cny),
             Err(AmountError::TooLarge)
         );
-        assert_eq!(parse_amount(&"9".repeat(41), cny), Err(AmountError::TooLong));
+        assert_eq!(
+            parse_amount(&"9".repeat(41), cny),
+            Err(AmountError::TooLong)
+        );
     }
 
     #[test]

@@ -200,7 +200,10 @@ impl Errors {
     }
 }
 
-fn validate(map: Map<String, Value>, defaults: &RequestDefaults) -> Result<OrderRequest, OrderRequestError> {
+fn validate(
+    map: Map<String, Value>,
+    defaults: &RequestDefaults,
+) -> Result<OrderRequest, OrderRequestError> {
     let mut errors = Errors(Vec::new());
     let mut request_id = None;
     let mut amount_text: Option<String> = None;
@@ -348,7 +351,10 @@ fn text(field: &str, value: Value, errors: &mut Errors) -> Option<String> {
         errors.add(field, "must not be empty");
         None
     } else if chars > MAX_TEXT_CHARS {
-        errors.add(field, format!("must be at most {MAX_TEXT_CHARS} characters"));
+        errors.add(
+            field,
+            format!("must be at most {MAX_TEXT_CHARS} characters"),
+        );
         None
     } else if s.chars().any(char::is_control) {
         errors.add(
@@ -431,7 +437,15 @@ mod tests {
         got.sort();
         assert_eq!(
             got,
-            ["amount", "colour", "currency", "item", "quantity", "recipient", "request_id"]
+            [
+                "amount",
+                "colour",
+                "currency",
+                "item",
+                "quantity",
+                "recipient",
+                "request_id"
+            ]
         );
         assert_eq!(fields("{}"), ["request_id", "item", "recipient", "amount"]);
     }
@@ -441,11 +455,26 @@ mod tests {
         let body = |v: &str| {
             format!(r#"{{"request_id":"r","amount_minor":{v},"item":"i","recipient":"x"}}"#)
         };
-        assert_eq!(parse(&body("9223372036854775807")).unwrap().amount_minor, i64::MAX);
-        for bad in ["9223372036854775808", "1e30", "100.0", "1e2", "-1", "0", "\"100\"", "null"] {
+        assert_eq!(
+            parse(&body("9223372036854775807")).unwrap().amount_minor,
+            i64::MAX
+        );
+        for bad in [
+            "9223372036854775808",
+            "1e30",
+            "100.0",
+            "1e2",
+            "-1",
+            "0",
+            "\"100\"",
+            "null",
+        ] {
             assert_eq!(fields(&body(bad)), ["amount_minor"], "{bad}");
         }
-        assert!(matches!(parse(&body("1e400")), Err(OrderRequestError::Malformed(_))));
+        assert!(matches!(
+            parse(&body("1e400")),
+            Err(OrderRequestError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -471,7 +500,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let very_deep = "[".repeat(100_000);
-        assert!(matches!(parse(&very_deep), Err(OrderRequestError::Malformed(_))));
+        assert!(matches!(
+            parse(&very_deep),
+            Err(OrderRequestError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -489,20 +521,28 @@ mod tests {
     #[test]
     fn amount_and_currency_interplay() {
         assert_eq!(
-            fields(r#"{"request_id":"r","amount":"1.5","currency":"JPY","item":"i","recipient":"x"}"#),
+            fields(
+                r#"{"request_id":"r","amount":"1.5","currency":"JPY","item":"i","recipient":"x"}"#
+            ),
             ["amount"]
         );
         // An invalid currency is reported once; the amount is not judged against a default.
         assert_eq!(
-            fields(r#"{"request_id":"r","amount":"1.555","currency":"XAU","item":"i","recipient":"x"}"#),
+            fields(
+                r#"{"request_id":"r","amount":"1.555","currency":"XAU","item":"i","recipient":"x"}"#
+            ),
             ["currency"]
         );
         assert_eq!(
-            fields(r#"{"request_id":"r","amount":"1","amount_minor":100,"item":"i","recipient":"x"}"#),
+            fields(
+                r#"{"request_id":"r","amount":"1","amount_minor":100,"item":"i","recipient":"x"}"#
+            ),
             ["amount"]
         );
-        let o = parse(r#"{"request_id":"r","amount":"1.555","currency":"kwd","item":"i","recipient":"x"}"#)
-            .unwrap();
+        let o = parse(
+            r#"{"request_id":"r","amount":"1.555","currency":"kwd","item":"i","recipient":"x"}"#,
+        )
+        .unwrap();
         assert_eq!((o.amount_minor, o.currency.code()), (1555, "KWD"));
     }
 
@@ -510,9 +550,14 @@ mod tests {
     fn metadata_is_kept_but_checked() {
         let o = parse(r#"{"request_id":"r","amount":"1","item":"i","recipient":"x","metadata":{"trace":[1,{"b":null}]}}"#)
             .unwrap();
-        assert_eq!(o.metadata, Some(serde_json::json!({"trace":[1,{"b":null}]})));
         assert_eq!(
-            fields(r#"{"request_id":"r","amount":"1","item":"i","recipient":"x","metadata":{"t":"a\u0000"}}"#),
+            o.metadata,
+            Some(serde_json::json!({"trace":[1,{"b":null}]}))
+        );
+        assert_eq!(
+            fields(
+                r#"{"request_id":"r","amount":"1","item":"i","recipient":"x","metadata":{"t":"a\u0000"}}"#
+            ),
             ["metadata"]
         );
         assert_eq!(

@@ -57,7 +57,11 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Authenticates, checks `permission` and the principal's rate limit.
-fn admit(live: &Live, headers: &HeaderMap, permission: Permission) -> Result<Arc<Principal>, Problem> {
+fn admit(
+    live: &Live,
+    headers: &HeaderMap,
+    permission: Permission,
+) -> Result<Arc<Principal>, Problem> {
     let principal = bearer(headers)
         .and_then(|token| live.tokens.authenticate(token))
         .ok_or_else(|| {
@@ -69,7 +73,10 @@ fn admit(live: &Live, headers: &HeaderMap, permission: Permission) -> Result<Arc
     if !principal.may(permission) {
         return Err(Problem::new(
             ProblemType::PermissionDenied,
-            format!("This token does not have the {} permission.", permission.name()),
+            format!(
+                "This token does not have the {} permission.",
+                permission.name()
+            ),
         ));
     }
     if let Err(not_until) = live.limiter.check_key(principal.rate_key()) {
@@ -239,7 +246,10 @@ async fn prepare_claim(
     })?;
     let fingerprint = Fingerprint::of(&order, &version).map_err(|e| {
         tracing::error!(error = %e, "fingerprint");
-        Problem::new(ProblemType::InternalError, "The request could not be fingerprinted.")
+        Problem::new(
+            ProblemType::InternalError,
+            "The request could not be fingerprinted.",
+        )
     })?;
     let decision = match principal.approve(order.amount_minor, order.currency) {
         Approval::Approved => Decision::Create,
@@ -356,7 +366,10 @@ fn claim_error_response(state: &ApiState, error: &ClaimError) -> Response {
     }
     match error {
         ClaimError::OutcomeUnknown(db) => {
-            tracing::warn!(sqlstate_class = db.sqlstate_class(), "claim outcome unknown");
+            tracing::warn!(
+                sqlstate_class = db.sqlstate_class(),
+                "claim outcome unknown"
+            );
             Problem::new(
                 ProblemType::OutcomeUnknown,
                 "The database connection failed while the transaction was being committed: the \
@@ -534,7 +547,11 @@ pub(crate) async fn get_key_status(
 
 /// Any path the router does not know.
 pub(crate) async fn route_not_found() -> Response {
-    Problem::new(ProblemType::RouteNotFound, "No such route; see docs/api.md.").into_response()
+    Problem::new(
+        ProblemType::RouteNotFound,
+        "No such route; see docs/api.md.",
+    )
+    .into_response()
 }
 
 /// A known path with a method it does not serve (axum adds `Allow`).
@@ -565,7 +582,14 @@ mod tests {
     fn keys() {
         assert_eq!(check_key(b"a").unwrap(), "a");
         assert!(check_key(&[b'k'; 255]).is_ok());
-        for bad in [&b""[..], &[b'k'; 256], b"a b", b"a\tb", "é".as_bytes(), b"\x7f"] {
+        for bad in [
+            &b""[..],
+            &[b'k'; 256],
+            b"a b",
+            b"a\tb",
+            "é".as_bytes(),
+            b"\x7f",
+        ] {
             assert_eq!(
                 check_key(bad).unwrap_err().kind,
                 ProblemType::InvalidIdempotencyKey,
@@ -584,7 +608,10 @@ mod tests {
             "application/json; charset=utf-8",
             "application/json;charset=\"UTF-8\"",
         ] {
-            assert!(check_content_type(&headers(&[("content-type", ok.as_bytes())])).is_ok(), "{ok}");
+            assert!(
+                check_content_type(&headers(&[("content-type", ok.as_bytes())])).is_ok(),
+                "{ok}"
+            );
         }
         for bad in [
             "text/plain",
@@ -593,19 +620,31 @@ mod tests {
             "application/problem+json",
             "",
         ] {
-            assert!(check_content_type(&headers(&[("content-type", bad.as_bytes())])).is_err(), "{bad}");
+            assert!(
+                check_content_type(&headers(&[("content-type", bad.as_bytes())])).is_err(),
+                "{bad}"
+            );
         }
         assert!(check_content_type(&HeaderMap::new()).is_err());
     }
 
     #[test]
     fn bearer_tokens() {
-        assert_eq!(bearer(&headers(&[("authorization", b"Bearer abc")])), Some("abc"));
-        assert_eq!(bearer(&headers(&[("authorization", b"bearer abc")])), Some("abc"));
+        assert_eq!(
+            bearer(&headers(&[("authorization", b"Bearer abc")])),
+            Some("abc")
+        );
+        assert_eq!(
+            bearer(&headers(&[("authorization", b"bearer abc")])),
+            Some("abc")
+        );
         assert_eq!(bearer(&headers(&[("authorization", b"Basic abc")])), None);
         assert_eq!(bearer(&headers(&[("authorization", b"Bearer ")])), None);
         assert_eq!(
-            bearer(&headers(&[("authorization", b"Bearer a"), ("authorization", b"Bearer b")])),
+            bearer(&headers(&[
+                ("authorization", b"Bearer a"),
+                ("authorization", b"Bearer b")
+            ])),
             None
         );
     }

@@ -71,7 +71,9 @@ pub const ROUTES: &[RouteSpec] = &[
     RouteSpec {
         method: "POST",
         path: "/v1/orders",
-        statuses: &[200, 201, 400, 401, 403, 409, 410, 413, 415, 422, 429, 500, 503],
+        statuses: &[
+            200, 201, 400, 401, 403, 409, 410, 413, 415, 422, 429, 500, 503,
+        ],
     },
     RouteSpec {
         method: "GET",

@@ -17,7 +17,10 @@ async fn create_returns_201_with_location_and_writes_record_order_and_event_toge
     assert_eq!(r.header("content-type"), Some("application/json"));
     let body = r.json();
     let order_id = body["order_id"].as_str().unwrap().to_owned();
-    assert_eq!(r.header("location"), Some(format!("/v1/orders/{order_id}").as_str()));
+    assert_eq!(
+        r.header("location"),
+        Some(format!("/v1/orders/{order_id}").as_str())
+    );
     assert_eq!(body["request_id"], "req-1");
     assert_eq!(body["amount_minor"], 10000);
     assert_eq!(body["amount"], "100.00");
@@ -42,7 +45,11 @@ async fn create_returns_201_with_location_and_writes_record_order_and_event_toge
         .await
         .unwrap();
     assert_eq!(row.get::<_, i16>(0), 201);
-    assert_eq!(row.get::<_, String>(1), r.text, "the response is the stored body");
+    assert_eq!(
+        row.get::<_, String>(1),
+        r.text,
+        "the response is the stored body"
+    );
     assert_eq!(row.get::<_, String>(2), order_id);
     assert!(!row.get::<_, bool>(3));
     let window: String = client
@@ -53,8 +60,14 @@ async fn create_returns_201_with_location_and_writes_record_order_and_event_toge
         .await
         .unwrap()
         .get(0);
-    assert_eq!(window, "86400.000000", "replay_deadline = claim time + replay_window");
-    assert!(row.get::<_, bool>(5), "order and record share the transaction's now()");
+    assert_eq!(
+        window, "86400.000000",
+        "replay_deadline = claim time + replay_window"
+    );
+    assert!(
+        row.get::<_, bool>(5),
+        "order and record share the transaction's now()"
+    );
     assert_eq!(row.get::<_, String>(6), "order.created");
     assert!(row.get::<_, bool>(7));
     assert_eq!(row.get::<_, String>(8), order_id);
@@ -98,8 +111,14 @@ async fn replay_returns_the_stored_status_and_body_byte_for_byte() {
     assert_eq!(versioned.text, first.text);
     assert_eq!(api.counts().await, (1, 1, 1), "nothing executed twice");
     let text = api.metrics_text();
-    assert!(text.contains("tombstoned_claims_total{outcome=\"created\"} 1"), "{text}");
-    assert!(text.contains("tombstoned_claims_total{outcome=\"replayed\"} 5"), "{text}");
+    assert!(
+        text.contains("tombstoned_claims_total{outcome=\"created\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tombstoned_claims_total{outcome=\"replayed\"} 5"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -123,7 +142,11 @@ async fn same_key_with_a_different_intent_is_refused_and_never_sees_the_old_body
         r.expect(422);
         assert_eq!(r.problem(), "idempotency-key-reused", "{field}");
         assert_eq!(r.header("content-type"), Some("application/problem+json"));
-        assert!(!r.text.contains("order_id"), "no trace of the stored order: {}", r.text);
+        assert!(
+            !r.text.contains("order_id"),
+            "no trace of the stored order: {}",
+            r.text
+        );
         assert!(!r.replayed());
     }
     assert_eq!(api.counts().await, (1, 1, 1));
@@ -196,7 +219,10 @@ async fn past_the_deadline_but_not_yet_tombstoned_is_already_410() {
     r.expect(410);
     assert_eq!(r.problem(), "replay-window-expired");
     assert!(r.json()["order_url"].is_string());
-    let s = api.get(Some(ALICE), "/v1/idempotency-keys/key-1").await.json();
+    let s = api
+        .get(Some(ALICE), "/v1/idempotency-keys/key-1")
+        .await
+        .json();
     assert_eq!(s["state"], "expired");
     assert!(s["expired_at"].is_null(), "not tombstoned yet");
 }
@@ -227,7 +253,10 @@ async fn an_existing_request_id_under_a_new_key_replays_for_its_owner_and_confli
     let same = api.post(ALICE, "key-2", &order("req-1")).await;
     same.expect(200);
     assert!(same.replayed());
-    assert_eq!(same.text, first.text, "the same representation, byte for byte");
+    assert_eq!(
+        same.text, first.text,
+        "the same representation, byte for byte"
+    );
     assert_eq!(same.header("location"), first.header("location"));
     assert_eq!(api.counts().await, (1, 1, 1));
     api.get(Some(ALICE), "/v1/idempotency-keys/key-2")
@@ -254,8 +283,14 @@ async fn an_existing_request_id_under_a_new_key_replays_for_its_owner_and_confli
     // The rejected keys are free: a corrected request with them succeeds.
     api.post(ALICE, "key-3", &order("req-3")).await.expect(201);
     let text = api.metrics_text();
-    assert!(text.contains("tombstoned_claims_total{outcome=\"duplicate_request\"} 3"), "{text}");
-    assert!(text.contains("tombstoned_db_errors_total{sqlstate_class=\"23\"} 3"), "{text}");
+    assert!(
+        text.contains("tombstoned_claims_total{outcome=\"duplicate_request\"} 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tombstoned_db_errors_total{sqlstate_class=\"23\"} 3"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -266,17 +301,30 @@ async fn over_the_approval_limit_is_a_stored_422_replayed_like_a_success() {
     let first = api.post(ALICE, "key-big", &big).await;
     first.expect(422);
     assert_eq!(first.problem(), "approval-limit-exceeded");
-    assert!(first.json()["detail"].as_str().unwrap().contains("5000.00 CNY"));
+    assert!(first.json()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("5000.00 CNY"));
     assert!(!first.replayed());
-    assert_eq!(api.counts().await, (1, 0, 0), "a record, no order, no event");
+    assert_eq!(
+        api.counts().await,
+        (1, 0, 0),
+        "a record, no order, no event"
+    );
 
     let again = api.post(ALICE, "key-big", &big).await;
     again.expect(422);
     assert!(again.replayed());
     assert_eq!(again.text, first.text);
-    assert_eq!(again.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        again.header("content-type"),
+        Some("application/problem+json")
+    );
 
-    let status = api.get(Some(ALICE), "/v1/idempotency-keys/key-big").await.json();
+    let status = api
+        .get(Some(ALICE), "/v1/idempotency-keys/key-big")
+        .await
+        .json();
     assert_eq!(status["state"], "completed");
     assert_eq!(status["status_code"], 422);
     assert!(status["order_id"].is_null());
@@ -290,12 +338,18 @@ async fn over_the_approval_limit_is_a_stored_422_replayed_like_a_success() {
     yen["currency"] = json!("JPY");
     let r = api.post(ALICE, "key-yen", &yen).await;
     r.expect(422);
-    assert!(r.json()["detail"].as_str().unwrap().contains("no approval limit in JPY"));
+    assert!(r.json()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("no approval limit in JPY"));
     let mut huge = order("req-huge");
     huge["amount"] = json!("99999999.00");
     api.post(BOB, "key-huge", &huge).await.expect(201);
     let text = api.metrics_text();
-    assert!(text.contains("tombstoned_claims_total{outcome=\"rejected\"} 2"), "{text}");
+    assert!(
+        text.contains("tombstoned_claims_total{outcome=\"rejected\"} 2"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -325,13 +379,19 @@ async fn authentication_and_permissions_are_checked_on_every_request() {
     let missing = api
         .post_raw(
             None,
-            &[("idempotency-key", b"k"), ("content-type", b"application/json")],
+            &[
+                ("idempotency-key", b"k"),
+                ("content-type", b"application/json"),
+            ],
             order("r").to_string().into_bytes(),
         )
         .await;
     missing.expect(401);
     assert_eq!(missing.problem(), "unauthenticated");
-    assert!(missing.header("www-authenticate").unwrap().starts_with("Bearer"));
+    assert!(missing
+        .header("www-authenticate")
+        .unwrap()
+        .starts_with("Bearer"));
     api.post("not-a-token", "k", &order("r")).await.expect(401);
     let basic = api
         .http
@@ -355,7 +415,9 @@ async fn authentication_and_permissions_are_checked_on_every_request() {
     api.get(Some(WRITER), &url).await.expect(403);
     api.get(Some(READER), &url).await.expect(200);
     api.get(None, &url).await.expect(401);
-    api.get(Some(READER), "/v1/idempotency-keys/k").await.expect(403);
+    api.get(Some(READER), "/v1/idempotency-keys/k")
+        .await
+        .expect(403);
     assert_eq!(api.counts().await, (1, 1, 1));
 }
 
@@ -383,11 +445,19 @@ async fn tenants_and_principals_are_isolated() {
     // Orders are visible tenant-wide.
     api.get(Some(BOB), &a_url).await.expect(200);
     // Key status is per principal.
-    let mine = api.get(Some(ALICE), "/v1/idempotency-keys/shared-key").await.json();
+    let mine = api
+        .get(Some(ALICE), "/v1/idempotency-keys/shared-key")
+        .await
+        .json();
     assert_eq!(mine["order_id"], a.json()["order_id"]);
-    let theirs = api.get(Some(GLOBEX_ALICE), "/v1/idempotency-keys/shared-key").await.json();
+    let theirs = api
+        .get(Some(GLOBEX_ALICE), "/v1/idempotency-keys/shared-key")
+        .await
+        .json();
     assert_eq!(theirs["order_id"], g.json()["order_id"]);
-    api.get(Some(BOB), "/v1/idempotency-keys/other").await.expect(404);
+    api.get(Some(BOB), "/v1/idempotency-keys/other")
+        .await
+        .expect(404);
 }
 
 #[tokio::test]
@@ -414,7 +484,10 @@ async fn the_order_and_key_status_reads() {
     assert_eq!(s["order_id"], body["order_id"]);
     assert!(s["created_at"].is_string() && s["replay_deadline"].is_string());
     assert!(s["expired_at"].is_null());
-    assert!(!status.text.contains("reader@example.com"), "never the body");
+    assert!(
+        !status.text.contains("reader@example.com"),
+        "never the body"
+    );
 
     let nf = api.get(Some(ALICE), "/v1/idempotency-keys/nope").await;
     nf.expect(404);
@@ -425,9 +498,12 @@ async fn the_order_and_key_status_reads() {
     let not_uuid = api.get(Some(ALICE), "/v1/orders/not-a-uuid").await;
     not_uuid.expect(404);
     assert_eq!(not_uuid.problem(), "order-not-found");
-    api.get(Some(ALICE), "/v1/orders/0193a4c2-0000-7000-8000-000000000000")
-        .await
-        .expect(404);
+    api.get(
+        Some(ALICE),
+        "/v1/orders/0193a4c2-0000-7000-8000-000000000000",
+    )
+    .await
+    .expect(404);
 }
 
 #[tokio::test]
@@ -448,7 +524,9 @@ async fn revoking_a_permission_by_reload_stops_replays() {
     let r = api.post(ALICE, "key-1", &order("req-1")).await;
     r.expect(403);
     assert!(!r.text.contains("order_id"));
-    api.get(Some(ALICE), "/v1/idempotency-keys/key-1").await.expect(403);
+    api.get(Some(ALICE), "/v1/idempotency-keys/key-1")
+        .await
+        .expect(403);
 
     // A broken file is refused as a whole and the previous set stays.
     api.write_tokens("[[token]]\nsha256 = \"nonsense\"\n");
@@ -476,8 +554,14 @@ async fn reload_applies_settings() {
     let mut padded = order("req-1");
     padded["metadata"] = json!({"pad": "x".repeat(300)});
     api.post(BOB, "k1", &padded).await.expect(413);
-    let created = api.post(BOB, "k2", &json!({"request_id": "r2", "amount": "100",
-        "item": "i", "recipient": "x"})).await;
+    let created = api
+        .post(
+            BOB,
+            "k2",
+            &json!({"request_id": "r2", "amount": "100",
+        "item": "i", "recipient": "x"}),
+        )
+        .await;
     created.expect(201);
     assert_eq!(created.json()["currency"], "JPY");
     assert_eq!(created.json()["amount_minor"], 100);
@@ -500,7 +584,11 @@ async fn the_rate_limit_is_per_principal() {
     assert_eq!(limited.problem(), "rate-limited");
     let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=2).contains(&retry), "{retry}");
-    assert_eq!(api.counts().await, (0, 0, 0), "a limited request touches nothing");
+    assert_eq!(
+        api.counts().await,
+        (0, 0, 0),
+        "a limited request touches nothing"
+    );
     // Other principals have budgets of their own.
     api.post(BOB, "key-1", &order("req-1")).await.expect(201);
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
@@ -527,7 +615,9 @@ async fn database_unreachable_is_503_with_retry_after() {
     assert_eq!(r.header("retry-after"), Some("2"));
     let g = api.get(Some(ALICE), "/v1/idempotency-keys/key-1").await;
     g.expect(503);
-    assert!(api.metrics_text().contains("tombstoned_db_errors_total{sqlstate_class=\"connection\"}"));
+    assert!(api
+        .metrics_text()
+        .contains("tombstoned_db_errors_total{sqlstate_class=\"connection\"}"));
 }
 
 #[tokio::test]
@@ -535,9 +625,13 @@ async fn metrics_use_route_templates_and_never_keys_or_tokens() {
     let api = TestApi::start().await;
     let created = api.post(ALICE, "secret-key-abc", &order("req-1")).await;
     created.expect(201);
-    api.get(Some(ALICE), created.header("location").unwrap()).await;
-    api.get(Some(ALICE), "/v1/idempotency-keys/secret-key-abc").await;
-    api.get(Some(ALICE), "/no/such/secret-key-abc").await.expect(404);
+    api.get(Some(ALICE), created.header("location").unwrap())
+        .await;
+    api.get(Some(ALICE), "/v1/idempotency-keys/secret-key-abc")
+        .await;
+    api.get(Some(ALICE), "/no/such/secret-key-abc")
+        .await
+        .expect(404);
     let wrong_method = api
         .http
         .delete(format!("{}/v1/orders", api.base))
@@ -559,7 +653,12 @@ async fn metrics_use_route_templates_and_never_keys_or_tokens() {
         assert!(text.contains(line), "missing {line}\n{text}");
     }
     let order_id = created.json()["order_id"].as_str().unwrap().to_owned();
-    for secret in ["secret-key-abc", ALICE, order_id.as_str(), "reader@example.com"] {
+    for secret in [
+        "secret-key-abc",
+        ALICE,
+        order_id.as_str(),
+        "reader@example.com",
+    ] {
         assert!(!text.contains(secret), "metrics leak {secret}");
     }
     assert_eq!(created.header("cache-control"), Some("no-store"));

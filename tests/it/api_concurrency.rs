@@ -59,7 +59,11 @@ async fn thirty_two_concurrent_identical_requests_create_exactly_one_order() {
             other => panic!("unexpected {other}: {}", r.text),
         }
     }
-    assert_eq!(api.counts().await, (1, 1, 1), "one record, one order, one event");
+    assert_eq!(
+        api.counts().await,
+        (1, 1, 1),
+        "one record, one order, one event"
+    );
 }
 
 #[tokio::test]
@@ -148,7 +152,10 @@ async fn when_the_owners_business_insert_fails_the_waiting_loser_creates_the_ord
     assert_eq!(api.counts().await, (1, 1, 1));
     let client = api.db.client().await;
     let principal: String = client
-        .query_one("SELECT principal_id FROM orders WHERE request_id = 'req-w'", &[])
+        .query_one(
+            "SELECT principal_id FROM orders WHERE request_id = 'req-w'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -194,7 +201,10 @@ async fn a_claim_blocked_past_claim_lock_timeout_gets_409_then_the_retry_replays
     assert_eq!(r.problem(), "request-in-progress");
     assert_eq!(r.header("retry-after"), Some("1"));
     let detail = r.json()["detail"].as_str().unwrap().to_owned();
-    assert!(detail.contains("pending") && detail.contains("same Idempotency-Key"), "{detail}");
+    assert!(
+        detail.contains("pending") && detail.contains("same Idempotency-Key"),
+        "{detail}"
+    );
 
     holder.batch_execute("ROLLBACK").await.unwrap();
     let retry = api.post(ALICE, "key-l", &order("req-l")).await;
@@ -231,7 +241,10 @@ async fn waiting_on_an_in_flight_owner_past_the_timeout_is_409_then_its_committe
     let replay = api.post(ALICE, "key-f", &body).await;
     replay.expect(201);
     assert!(replay.replayed());
-    assert_eq!(replay.text, r#"{"from": "owner"}"#, "the owner's committed result");
+    assert_eq!(
+        replay.text, r#"{"from": "owner"}"#,
+        "the owner's committed result"
+    );
 }
 
 #[tokio::test]
@@ -263,7 +276,10 @@ async fn a_response_lost_to_a_vanished_client_is_replayed_on_retry() {
     // The abandoned claim still commits.
     let deadline = std::time::Instant::now() + WAIT;
     while api.count("idempotency_records").await == 0 {
-        assert!(std::time::Instant::now() < deadline, "the claim never committed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim never committed"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let retry = api.post(ALICE, "key-lost", &order("req-lost")).await;

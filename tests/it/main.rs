@@ -2,7 +2,9 @@
 //! server starts once and the tests share helpers.
 
 mod api;
+mod api_bad_input;
 mod api_concurrency;
+mod api_openapi;
 mod api_support;
 mod harness;
 mod schema;
