@@ -413,8 +413,11 @@ async fn claim_on(
                 return match class {
                     ErrorClass::LockNotAvailable => Ok(ClaimOutcome::InProgress),
                     // Everything was sent, COMMIT included: it may have committed.
-                    ErrorClass::Unavailable => {
+                    ErrorClass::Unavailable if failure.sent => {
                         Err(ClaimError::OutcomeUnknown(DbError::Query(failure.error)))
+                    }
+                    ErrorClass::Unavailable => {
+                        Err(ClaimError::Unavailable(DbError::Query(failure.error)))
                     }
                     _ => Err(transient_or_database(failure.error)),
                 };
@@ -450,6 +453,9 @@ fn transient_or_database(error: tokio_postgres::Error) -> ClaimError {
 /// report the aborted transaction).
 struct PipelineFailure {
     error: tokio_postgres::Error,
+    /// Whether the transaction had been sent (false: preparing the statements failed, so
+    /// nothing can have been committed).
+    sent: bool,
 }
 
 /// The prepared statements of one attempt.
@@ -460,7 +466,7 @@ async fn prepare(client: &ClientWrapper, main: &str) -> Result<[Statement; 4], P
         client.prepare_cached(main),
         client.prepare_cached(sql::COMMIT),
     )
-    .map_err(|error| PipelineFailure { error })?;
+    .map_err(|error| PipelineFailure { error, sent: false })?;
     Ok([begin, set, main, commit])
 }
 
@@ -482,7 +488,7 @@ async fn in_transaction(
         client.query(&main, params),
         client.execute(&commit, &[]),
     );
-    let failure = |error| Err(PipelineFailure { error });
+    let failure = |error| Err(PipelineFailure { error, sent: true });
     match (begin, set, main, commit) {
         (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) => failure(e),
         (Ok(_), Ok(_), Ok(_), Err(e)) => failure(e),

@@ -2,11 +2,13 @@
 //! table in docs/protocol.md, the reads, authentication and isolation, reload and rate limits.
 
 use serde_json::json;
+use tombstoned::config::DatabaseUrl;
 use tombstoned::http::ApiError;
 
 use crate::api_support::{
     default_tokens, order, TestApi, ALICE, BOB, GLOBEX_ALICE, READER, WRITER,
 };
+use crate::harness::TestDb;
 
 #[tokio::test]
 async fn create_returns_201_with_location_and_writes_record_order_and_event_together() {
@@ -601,13 +603,13 @@ async fn database_unreachable_is_503_with_retry_after() {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = probe.local_addr().unwrap().port();
     drop(probe);
-    let api = TestApi::start_with(&[
-        (
-            "TOMBSTONED_DATABASE_URL",
-            &format!("host=127.0.0.1 port={port} user=nobody dbname=nothing"),
-        ),
-        ("TOMBSTONED_DATABASE__CONNECT_TIMEOUT", "1s"),
-    ])
+    let api = TestApi::start_custom(TestDb::new().await, &[], |config| {
+        config.database.url = DatabaseUrl::parse(&format!(
+            "host=127.0.0.1 port={port} user=nobody dbname=nothing connect_timeout=1"
+        ))
+        .unwrap();
+        config.database.connect_timeout = std::time::Duration::from_secs(1);
+    })
     .await;
     let r = api.post(ALICE, "key-1", &order("req-1")).await;
     r.expect(503);

@@ -146,6 +146,16 @@ impl TestApi {
 
     /// A server on an existing database.
     pub async fn start_on(db: TestDb, env: &[(&str, &str)]) -> Self {
+        Self::start_custom(db, env, |_| {}).await
+    }
+
+    /// A server whose configuration `edit` adjusts after loading (e.g. the database URL, which
+    /// the harness itself sets from the environment).
+    pub async fn start_custom(
+        db: TestDb,
+        env: &[(&str, &str)],
+        edit: impl FnOnce(&mut Config),
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let tokens_path = dir.path().join("tokens.toml");
         std::fs::write(&tokens_path, default_tokens()).unwrap();
@@ -159,7 +169,8 @@ impl TestApi {
         .filter(|(k, _)| !env.iter().any(|(e, _)| e == k))
         .collect();
         vars.extend_from_slice(env);
-        let config = db.config_with(&vars);
+        let mut config = db.config_with(&vars);
+        edit(&mut config);
         let metrics = Arc::new(Metrics::new().unwrap());
         let state = ApiState::new(&config, Arc::clone(&metrics)).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

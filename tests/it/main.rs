@@ -3,6 +3,7 @@
 
 mod api;
 mod api_bad_input;
+mod api_commit_loss;
 mod api_concurrency;
 mod api_openapi;
 mod api_support;
