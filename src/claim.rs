@@ -65,7 +65,9 @@ pub const MAX_CLAIM_ATTEMPTS: usize = 3;
 
 /// The order's JSON representation, as one SQL expression over ten SQL expressions. Used by the
 /// claim (over parameters) and by the duplicate-request lookup (over an `orders` row), so both
-/// produce the same jsonb — and the same text — for the same order.
+/// produce the same jsonb — and the same text — for the same order. The colons of the time
+/// format are quoted (`":"`) so pgbench, which reads `:name` as a variable even inside string
+/// literals, can run these statements verbatim.
 macro_rules! order_json_sql {
     ($order_id:literal, $request_id:literal, $amount_minor:literal, $amount:literal,
      $currency:literal, $item:literal, $quantity:literal, $recipient:literal, $status:literal,
@@ -92,7 +94,7 @@ macro_rules! order_json_sql {
             $status,
             ", 'created_at', to_char(",
             $created_at,
-            " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))"
+            " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24\":\"MI\":\"SS.US\"Z\"'))"
         )
     };
 }
@@ -696,6 +698,21 @@ mod tests {
             ));
         }
         assert!(sql::READ_FOR_REPLAY.trim_end().ends_with("FOR SHARE"));
+    }
+
+    #[test]
+    fn statements_run_verbatim_in_pgbench() {
+        // pgbench substitutes `:name` everywhere, string literals included; `::` casts are fine.
+        for (name, text) in STATEMENTS {
+            let b = text.as_bytes();
+            for i in 0..b.len() {
+                let lone_colon = b[i] == b':'
+                    && (i == 0 || b[i - 1] != b':')
+                    && b.get(i + 1)
+                        .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_');
+                assert!(!lone_colon, "{name}: `:name` at byte {i}");
+            }
+        }
     }
 
     #[test]
