@@ -287,3 +287,46 @@ async fn a_response_lost_to_a_vanished_client_is_replayed_on_retry() {
     assert!(retry.replayed(), "the retry gets the stored outcome");
     assert_eq!(api.counts().await, (1, 1, 1), "no second row anywhere");
 }
+
+#[tokio::test]
+async fn an_exhausted_pool_answers_503_after_a_bounded_wait() {
+    let api = Arc::new(
+        TestApi::start_with(&[
+            ("TOMBSTONED_DATABASE__POOL_SIZE", "1"),
+            ("TOMBSTONED_DATABASE__CONNECT_TIMEOUT", "1s"),
+            ("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "30s"),
+        ])
+        .await,
+    );
+    // The only pooled connection is held by a claim waiting on a table lock.
+    let holder = api.db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .batch_execute("LOCK TABLE orders IN SHARE MODE")
+        .await
+        .unwrap();
+    let first = tokio::spawn({
+        let api = Arc::clone(&api);
+        async move { api.post(ALICE, "key-1", &order("req-1")).await }
+    });
+    let observer = api.db.client().await;
+    wait_until_app_lock_wait(&observer, "tombstoned/api", WAIT).await;
+
+    let started = std::time::Instant::now();
+    let second = api.post(ALICE, "key-2", &order("req-2")).await;
+    second.expect(503);
+    assert_eq!(second.problem(), "database-unavailable");
+    assert_eq!(second.header("retry-after"), Some("2"));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the wait is bounded"
+    );
+    assert!(api
+        .metrics_text()
+        .contains("tombstoned_db_errors_total{sqlstate_class=\"pool_timeout\"} 1"));
+
+    holder.batch_execute("COMMIT").await.unwrap();
+    first.await.unwrap().expect(201);
+    // The key of the refused request was not consumed.
+    api.post(ALICE, "key-2", &order("req-2")).await.expect(201);
+}
