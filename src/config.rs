@@ -453,8 +453,9 @@ fn apply_env(
     })?;
     let mut database_url = None;
     let mut generic_url = None;
-    let mut vars: Vec<(String, String)> = env.into_iter().collect();
-    vars.sort(); // deterministic error reporting
+    // Later entries win, as in a process environment; iterating in name order makes error
+    // reports deterministic.
+    let vars: std::collections::BTreeMap<String, String> = env.into_iter().collect();
     for (var, value) in vars {
         match var.as_str() {
             "TOMBSTONED_DATABASE_URL" => {
@@ -781,6 +782,15 @@ mod tests {
         assert_eq!(c.cleanup.lock_timeout, Duration::from_secs(1), "file kept");
         let c = Config::load_from(Some(f.path()), e, &[flag]).unwrap();
         assert_eq!(c.cleanup.batch_size, 30, "flag beats env");
+        let twice = env(&[
+            ("TOMBSTONED_CLEANUP__BATCH_SIZE", "9"),
+            ("TOMBSTONED_CLEANUP__BATCH_SIZE", "10"),
+        ]);
+        let c = Config::load_from(None, twice, &[]).unwrap();
+        assert_eq!(
+            c.cleanup.batch_size, 10,
+            "a later entry wins, as in an environment"
+        );
     }
 
     #[test]

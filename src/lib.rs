@@ -17,17 +17,34 @@
 //! * [`scheduler`] — when cleanup runs happen inside `serve`;
 //! * [`db`] — connection pools, SQLSTATE classification, and [`db::migrations`];
 //! * [`pg_cluster`] — throwaway local PostgreSQL clusters for tests, the demo and benchmarks;
-//! * [`cli`] — the command line and its exit codes.
+//! * [`readiness`] — is the database reachable and the schema current (`/readyz`, watchdog);
+//! * [`ops_server`] — the metrics and health listener (`/metrics`, `/healthz`, `/readyz`);
+//! * [`systemd`] — sd_notify readiness, status and the watchdog;
+//! * [`cli`] — the command line and its exit codes;
+//! * [`claim`] — the claim/replay transaction and its [`claim::ClaimOutcome`];
+//! * [`http`] — the HTTP API around it; [`auth`] — bearer tokens; [`order_request`] — request
+//!   validation; [`money`] — currencies and amounts; [`fingerprint`] — the intent's fingerprint;
+//!   [`lookup`] — the read-only GET queries.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
+pub mod claim;
 pub mod cleanup;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod db;
 pub mod demo;
+pub mod fingerprint;
+pub mod http;
+pub mod lookup;
 pub mod metrics;
+pub mod money;
+pub mod ops_server;
+pub mod order_request;
 pub mod pg_cluster;
+pub mod readiness;
 pub mod schedule;
 pub mod scheduler;
+pub mod systemd;

@@ -118,11 +118,9 @@ async fn connect_config(config: &tokio_postgres::Config) -> Client {
 /// A configuration pointing at `url`, with `TOMBSTONED_*` style overrides, e.g.
 /// `[("TOMBSTONED_CLEANUP__BATCH_SIZE", "10")]`.
 pub fn config_for(url: &str, env: &[(&str, &str)]) -> Config {
-    let mut vars: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    vars.push(("TOMBSTONED_DATABASE_URL".into(), url.into()));
+    // The URL first, so a test's own TOMBSTONED_DATABASE_URL (later entries win) overrides it.
+    let mut vars = vec![("TOMBSTONED_DATABASE_URL".to_owned(), url.to_owned())];
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     Config::load_from(None, vars, &[]).expect("test configuration")
 }
 

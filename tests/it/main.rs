@@ -1,8 +1,17 @@
 //! Integration tests against a real PostgreSQL (see `harness`). One test binary, so the
 //! server starts once and the tests share helpers.
 
+mod api;
+mod api_bad_input;
+mod api_commit_loss;
+mod api_concurrency;
+mod api_openapi;
+mod api_support;
 mod cleanup;
 mod cleanup_support;
 mod harness;
+mod ops_server;
+mod ops_support;
+mod prometheus;
 mod scheduler;
 mod schema;

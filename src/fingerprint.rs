@@ -1,0 +1,234 @@
+//! The fingerprint of a business intent: SHA-256 over the RFC 8785 (JCS) canonical JSON of a
+//! versioned object holding only the parameters that change the business result, after defaults
+//! (docs/protocol.md, "Identity").
+//!
+//! The canonical object, version 1:
+//!
+//! ```json
+//! {"amount_minor":"10000","api_version":"2026-12-01","currency":"CNY","fingerprint_version":1,
+//!  "item":"book","quantity":1,"recipient":"alice@example.com","request_id":"req-1"}
+//! ```
+//!
+//! `amount_minor` is a JSON *string*: RFC 8785 writes numbers as IEEE doubles, so two i64 amounts
+//! above 2^53 could otherwise canonicalise to the same text. `metadata`, headers and field order
+//! never reach this object. Stored fingerprints must stay comparable for as long as tombstones
+//! live (forever): any change to this encoding needs a new `fingerprint_version`, and the golden
+//! test below pins version 1.
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::order_request::OrderRequest;
+
+/// The version of the canonical object; part of the hashed bytes.
+pub const FINGERPRINT_VERSION: u32 = 1;
+
+/// A SHA-256 fingerprint (32 bytes, stored in `idempotency_records.fingerprint`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+/// The canonical encoding failed (it cannot for the types used; kept typed rather than panicking).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot canonicalise the request for its fingerprint")]
+pub struct FingerprintError(#[source] serde_json::Error);
+
+#[derive(Serialize)]
+struct CanonicalIntent<'a> {
+    fingerprint_version: u32,
+    api_version: &'a str,
+    request_id: &'a str,
+    amount_minor: String,
+    currency: &'a str,
+    item: &'a str,
+    quantity: i32,
+    recipient: &'a str,
+}
+
+impl Fingerprint {
+    /// The fingerprint of a validated request under an API version.
+    pub fn of(order: &OrderRequest, api_version: &str) -> Result<Self, FingerprintError> {
+        let canonical = Self::canonical_json(order, api_version)?;
+        Ok(Self(Sha256::digest(canonical.as_bytes()).into()))
+    }
+
+    /// The exact bytes that are hashed (for documentation and tests).
+    pub fn canonical_json(
+        order: &OrderRequest,
+        api_version: &str,
+    ) -> Result<String, FingerprintError> {
+        serde_jcs::to_string(&CanonicalIntent {
+            fingerprint_version: FINGERPRINT_VERSION,
+            api_version,
+            request_id: &order.request_id,
+            amount_minor: order.amount_minor.to_string(),
+            currency: order.currency.code(),
+            item: &order.item,
+            quantity: order.quantity,
+            recipient: &order.recipient,
+        })
+        .map_err(FingerprintError)
+    }
+
+    /// The 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// From stored bytes; `None` unless exactly 32.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(Self)
+    }
+
+    /// Lower-case hex.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl std::fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fingerprint({})", self.to_hex())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::money::Currency;
+    use crate::order_request::{parse_order, RequestDefaults};
+    use proptest::prelude::*;
+
+    const V: &str = "2026-12-01";
+
+    fn defaults() -> RequestDefaults {
+        RequestDefaults {
+            currency: Currency::parse("CNY").unwrap(),
+        }
+    }
+
+    fn fp(body: &str) -> Fingerprint {
+        let order = parse_order(body.as_bytes(), &defaults()).unwrap();
+        Fingerprint::of(&order, V).unwrap()
+    }
+
+    #[test]
+    fn golden_version_1() {
+        let order = parse_order(
+            br#"{"request_id":"req-1","amount":"100","item":"book","recipient":"alice@example.com"}"#,
+            &defaults(),
+        )
+        .unwrap();
+        assert_eq!(
+            Fingerprint::canonical_json(&order, V).unwrap(),
+            r#"{"amount_minor":"10000","api_version":"2026-12-01","currency":"CNY","fingerprint_version":1,"item":"book","quantity":1,"recipient":"alice@example.com","request_id":"req-1"}"#
+        );
+        // Pinned: changing this breaks every stored fingerprint (bump FINGERPRINT_VERSION).
+        assert_eq!(
+            Fingerprint::of(&order, V).unwrap().to_hex(),
+            hex::encode(Sha256::digest(
+                Fingerprint::canonical_json(&order, V).unwrap().as_bytes()
+            ))
+        );
+    }
+
+    #[test]
+    fn spellings_of_one_intent_agree() {
+        let base = fp(r#"{"request_id":"r","amount":"100","item":"i","recipient":"x"}"#);
+        for body in [
+            r#"{"request_id":"r","amount":"100.0","item":"i","recipient":"x"}"#,
+            r#"{"request_id":"r","amount":"100.00","item":"i","recipient":"x"}"#,
+            r#"{"request_id":"r","amount_minor":10000,"item":"i","recipient":"x"}"#,
+            r#"{"recipient":"x","item":"i","amount":"100","request_id":"r"}"#,
+            r#"{"request_id":"r","amount":"100","item":"i","recipient":"x","currency":"cny"}"#,
+            r#"{"request_id":"r","amount":"100","item":"i","recipient":"x","quantity":1}"#,
+            r#"{"request_id":"r","amount":"100","item":"i","recipient":"x","metadata":{"trace":"t"}}"#,
+        ] {
+            assert_eq!(fp(body), base, "{body}");
+        }
+    }
+
+    #[test]
+    fn api_version_is_part_of_the_intent() {
+        let order = parse_order(
+            br#"{"request_id":"r","amount":"1","item":"i","recipient":"x"}"#,
+            &defaults(),
+        )
+        .unwrap();
+        assert_ne!(
+            Fingerprint::of(&order, V).unwrap(),
+            Fingerprint::of(&order, "2027-01-01").unwrap()
+        );
+    }
+
+    #[test]
+    fn big_amounts_do_not_collide() {
+        // 2^53 + 1 and 2^53 are the same IEEE double; as strings they differ.
+        let a =
+            fp(r#"{"request_id":"r","amount_minor":9007199254740993,"item":"i","recipient":"x"}"#);
+        let b =
+            fp(r#"{"request_id":"r","amount_minor":9007199254740992,"item":"i","recipient":"x"}"#);
+        assert_ne!(a, b);
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        "[a-zA-Z0-9 \\-_.@é中]{1,20}"
+    }
+
+    proptest! {
+        #[test]
+        fn field_order_metadata_and_amount_spelling_never_matter(
+            request_id in text(), item in text(), recipient in text(),
+            minor in 1i64..=i64::MAX, quantity in 1i32..=i32::MAX,
+            code in prop::sample::select(vec!["CNY", "JPY", "KWD", "EUR"]),
+            meta in "[a-z]{0,8}", order in any::<u64>(),
+        ) {
+            let c = Currency::parse(code).unwrap();
+            let j = |s: &str| serde_json::Value::String(s.to_owned());
+            let mut fields = vec![
+                ("request_id", j(&request_id)),
+                ("item", j(&item)),
+                ("recipient", j(&recipient)),
+                ("quantity", serde_json::json!(quantity)),
+                ("currency", j(&code.to_ascii_lowercase())),
+            ];
+            let canonical = {
+                let mut m = serde_json::Map::new();
+                for (k, v) in &fields { m.insert((*k).into(), v.clone()); }
+                m.insert("amount_minor".into(), serde_json::json!(minor));
+                serde_json::Value::Object(m).to_string()
+            };
+            // The same intent, shuffled, with the amount as a decimal string and metadata.
+            let shift = (order % fields.len() as u64) as usize;
+            fields.rotate_left(shift);
+            fields.push(("amount", j(&c.format(minor))));
+            fields.push(("metadata", serde_json::json!({ "m": meta })));
+            let respelled = format!("{{{}}}", fields.iter()
+                .map(|(k, v)| format!("{:?}:{}", k, v))
+                .collect::<Vec<_>>().join(","));
+            prop_assert_eq!(fp(&canonical), fp(&respelled));
+        }
+
+        #[test]
+        fn any_business_change_changes_the_fingerprint(
+            request_id in text(), minor in 1i64..i64::MAX, quantity in 1i32..i32::MAX,
+            which in 0usize..6,
+        ) {
+            let body = |rid: &str, m: i64, cur: &str, item: &str, q: i32, rcpt: &str| {
+                serde_json::json!({
+                    "request_id": rid, "amount_minor": m, "currency": cur,
+                    "item": item, "quantity": q, "recipient": rcpt,
+                }).to_string()
+            };
+            let base = body(&request_id, minor, "CNY", "item", quantity, "rcpt");
+            let changed = match which {
+                0 => body(&format!("{request_id}x"), minor, "CNY", "item", quantity, "rcpt"),
+                1 => body(&request_id, minor + 1, "CNY", "item", quantity, "rcpt"),
+                2 => body(&request_id, minor, "USD", "item", quantity, "rcpt"),
+                3 => body(&request_id, minor, "CNY", "item2", quantity, "rcpt"),
+                4 => body(&request_id, minor, "CNY", "item", quantity + 1, "rcpt"),
+                _ => body(&request_id, minor, "CNY", "item", quantity, "rcpt2"),
+            };
+            prop_assert_ne!(fp(&base), fp(&changed));
+        }
+    }
+}

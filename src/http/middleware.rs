@@ -1,0 +1,93 @@
+//! Per-request bookkeeping around every route: `tombstoned_http_requests_total{route,method,status}`
+//! and `tombstoned_http_request_duration_seconds{route}` labelled with the route *template* (never
+//! a raw path, key or id), the pool gauges, `Cache-Control: no-store`, and one log line per
+//! request at debug level (no keys, tokens or bodies).
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::handlers::OutcomeLabel;
+use super::state::ApiState;
+use super::{ROUTES, UNMATCHED_ROUTE};
+
+fn route_label(matched: Option<&MatchedPath>) -> &'static str {
+    matched
+        .and_then(|m| ROUTES.iter().find(|r| r.path == m.as_str()))
+        .map_or(UNMATCHED_ROUTE, |r| r.path)
+}
+
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::HEAD => "HEAD",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// Whether `status` is documented for this route and method (405 and the fallback's 404 are
+/// documented globally).
+pub(crate) fn is_documented(route: &str, method: &str, status: u16) -> bool {
+    if status == 405 {
+        return true;
+    }
+    if route == UNMATCHED_ROUTE {
+        return status == 404;
+    }
+    let method = if method == "HEAD" { "GET" } else { method };
+    ROUTES
+        .iter()
+        .any(|r| r.path == route && r.method == method && r.statuses.contains(&status))
+}
+
+/// The middleware.
+pub(crate) async fn track(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = route_label(request.extensions().get::<MatchedPath>());
+    let method = method_label(request.method());
+    let mut response = next.run(request).await;
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+
+    let metrics = state.metrics();
+    metrics
+        .http_requests
+        .with_label_values(&[route, method, response.status().as_str()])
+        .inc();
+    metrics
+        .http_request_duration
+        .with_label_values(&[route])
+        .observe(elapsed.as_secs_f64());
+    state.refresh_pool_metrics();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+
+    let outcome = response
+        .extensions()
+        .get::<OutcomeLabel>()
+        .map_or("", |o| o.0);
+    tracing::debug!(
+        route,
+        method,
+        status,
+        outcome,
+        duration_ms = elapsed.as_secs_f64() * 1000.0,
+        "request"
+    );
+    // The OpenAPI document promises a closed set of statuses per route; tests (debug builds) fail
+    // loudly when a handler answers outside it.
+    debug_assert!(
+        is_documented(route, method, status),
+        "undocumented status {status} for {method} {route}"
+    );
+    response
+}

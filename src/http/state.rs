@@ -1,0 +1,212 @@
+//! The API's shared state: the connection pool, the metrics, and the reloadable part (tokens,
+//! rate limiter, claim settings, request limits) swapped as one snapshot on reload.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use deadpool_postgres::Pool;
+use governor::{DefaultKeyedRateLimiter, Quota};
+use tokio_util::task::TaskTracker;
+
+use super::ApiError;
+use crate::auth::TokenSet;
+use crate::claim::ClaimSettings;
+use crate::config::Config;
+use crate::db;
+use crate::metrics::Metrics;
+use crate::money::Currency;
+use crate::order_request::RequestDefaults;
+
+/// Per-principal rate limiter, keyed by `tenant NUL principal`.
+pub(crate) type Limiter = DefaultKeyedRateLimiter<Arc<str>>;
+
+/// Everything a reload may change, replaced as a whole so a request sees one consistent set.
+pub(crate) struct Live {
+    pub tokens: Arc<TokenSet>,
+    pub limiter: Arc<Limiter>,
+    pub rate: (u32, u32),
+    pub claim: ClaimSettings,
+    pub max_body_bytes: usize,
+    pub defaults: RequestDefaults,
+    pub default_api_version: String,
+    pub tokens_file: PathBuf,
+}
+
+/// Settings that need a restart; a reload that changes them says so in the log.
+#[derive(Debug, Clone, PartialEq)]
+struct RestartOnly {
+    listen: SocketAddr,
+    database_url: String,
+    schema: String,
+    pool_size: usize,
+}
+
+impl RestartOnly {
+    fn of(config: &Config) -> Self {
+        Self {
+            listen: config.api.listen,
+            database_url: config.database.url.to_string(),
+            schema: config.database.schema.clone(),
+            pool_size: config.database.pool_size,
+        }
+    }
+}
+
+struct Inner {
+    pool: Pool,
+    metrics: Arc<Metrics>,
+    live: RwLock<Arc<Live>>,
+    tasks: TaskTracker,
+    restart_only: RestartOnly,
+}
+
+/// The API's state: cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState").finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    /// Builds the pool (`database.pool_size` connections, opened lazily; a request waits at most
+    /// `database.connect_timeout` for one) and loads the tokens file.
+    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<ApiState, ApiError> {
+        let pool = db::pool(
+            &config.database,
+            "api",
+            config.database.pool_size,
+            config.database.connect_timeout,
+        )
+        .map_err(ApiError::Pool)?;
+        let live = build_live(config, None)?;
+        tracing::info!(
+            tokens = live.tokens.len(),
+            file = %live.tokens_file.display(),
+            "API tokens loaded"
+        );
+        Ok(ApiState {
+            inner: Arc::new(Inner {
+                pool,
+                metrics,
+                live: RwLock::new(Arc::new(live)),
+                tasks: TaskTracker::new(),
+                restart_only: RestartOnly::of(config),
+            }),
+        })
+    }
+
+    /// Re-reads the tokens file and applies every setting that can change safely:
+    /// `api.claim_lock_timeout`, `api.max_body_bytes`, `api.default_currency`,
+    /// `api.default_api_version`, `api.rate_limit_per_second`/`_burst` (the limiter restarts
+    /// only when they change), `api.tokens_file`, `retention.replay_window`. All or nothing: when
+    /// the tokens file is broken the previous tokens *and* settings stay and the error is
+    /// returned for logging. `api.listen` and `database.*` need a restart (logged as a warning).
+    pub fn reload(&self, config: &Config) -> Result<(), ApiError> {
+        let current = self.live();
+        let live = build_live(config, Some(&current))?;
+        if RestartOnly::of(config) != self.inner.restart_only {
+            tracing::warn!(
+                "api.listen, database.url, database.schema and database.pool_size changes take \
+                 effect only after a restart"
+            );
+        }
+        tracing::info!(
+            tokens = live.tokens.len(),
+            file = %live.tokens_file.display(),
+            "API configuration reloaded"
+        );
+        let mut slot = match self.inner.live.write() {
+            Ok(guard) => guard,
+            // A panic while holding the lock cannot leave a half-written Arc: take it over.
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *slot = Arc::new(live);
+        Ok(())
+    }
+
+    /// The API's connection pool.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The metrics the API feeds.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// The current snapshot of reloadable settings.
+    pub(crate) fn live(&self) -> Arc<Live> {
+        match self.inner.live.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Tracks claim transactions spawned off request handlers.
+    pub(crate) fn tasks(&self) -> &TaskTracker {
+        &self.inner.tasks
+    }
+
+    /// Waits until every spawned claim transaction has ended.
+    pub async fn drain_claims(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        self.inner.tasks.reopen();
+    }
+
+    /// Updates `tombstoned_db_pool_connections{state}` from the pool.
+    pub fn refresh_pool_metrics(&self) {
+        let status = self.inner.pool.status();
+        let gauge = &self.inner.metrics.db_pool_connections;
+        let in_use = status.size.saturating_sub(status.available);
+        gauge
+            .with_label_values(&["in_use"])
+            .set(i64::try_from(in_use).unwrap_or(i64::MAX));
+        gauge
+            .with_label_values(&["idle"])
+            .set(i64::try_from(status.available).unwrap_or(i64::MAX));
+        gauge
+            .with_label_values(&["max"])
+            .set(i64::try_from(status.max_size).unwrap_or(i64::MAX));
+    }
+}
+
+fn build_live(config: &Config, current: Option<&Live>) -> Result<Live, ApiError> {
+    let api = &config.api;
+    let tokens = Arc::new(TokenSet::load(&api.tokens_file)?);
+    let rate = (api.rate_limit_per_second, api.rate_limit_burst);
+    let limiter = match current {
+        Some(c) if c.rate == rate => Arc::clone(&c.limiter),
+        _ => Arc::new(Limiter::keyed(quota(rate))),
+    };
+    let currency = Currency::parse(&api.default_currency).map_err(|e| ApiError::Config {
+        key: "api.default_currency",
+        reason: format!("{} {e}", api.default_currency),
+    })?;
+    Ok(Live {
+        tokens,
+        limiter,
+        rate,
+        claim: ClaimSettings {
+            lock_timeout: api.claim_lock_timeout,
+            replay_window: config.retention.replay_window,
+        },
+        max_body_bytes: api.max_body_bytes,
+        defaults: RequestDefaults { currency },
+        default_api_version: api.default_api_version.clone(),
+        tokens_file: api.tokens_file.clone(),
+    })
+}
+
+fn quota((per_second, burst): (u32, u32)) -> Quota {
+    let per_second = NonZeroU32::new(per_second).unwrap_or(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN);
+    Quota::per_second(per_second).allow_burst(burst)
+}

@@ -1,0 +1,202 @@
+//! Read-only lookups behind the GET routes: an order within the caller's tenant, and the status
+//! of an idempotency key within the caller's scope — never its stored body.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use deadpool_postgres::{Object, Pool};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::claim::OPERATION_CREATE_ORDER;
+use crate::db::{self, DbError, ErrorClass};
+use crate::money::Currency;
+
+/// The statements, by name.
+pub mod sql {
+    /// `$1` order id, `$2` tenant. Another tenant's order is simply not found.
+    pub const ORDER_BY_ID: &str = "\
+SELECT order_id, request_id, amount_minor, currency::text AS currency, item, quantity,
+       recipient, status, created_at
+FROM orders
+WHERE order_id = $1 AND tenant_id = $2";
+
+    /// `$1` tenant, `$2` principal, `$3` operation, `$4` key. No `response_body`: the status
+    /// resource never reveals the stored response.
+    pub const KEY_STATUS: &str = "\
+SELECT status_code, order_id, expired, created_at, replay_deadline, expired_at,
+       replay_deadline <= now() AS past_deadline
+FROM idempotency_records
+WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
+}
+
+/// An order as `GET /v1/orders/{order_id}` shows it (the same fields as the 201 body).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OrderView {
+    /// The order id.
+    pub order_id: Uuid,
+    /// The business id of the purchase request.
+    pub request_id: String,
+    /// Amount in minor units.
+    pub amount_minor: i64,
+    /// Amount as a decimal string with the currency's minor digits.
+    pub amount: String,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// Item.
+    pub item: String,
+    /// Quantity.
+    pub quantity: i32,
+    /// Recipient.
+    pub recipient: String,
+    /// Order status (`created`).
+    pub status: String,
+    /// Creation time, RFC 3339 UTC with microseconds.
+    pub created_at: String,
+}
+
+/// Whether a key's stored response can still be replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyState {
+    /// Inside the replay window: a retry with the same request replays the stored response.
+    Completed,
+    /// Past `replay_deadline` (tombstoned, or about to be): a retry gets 410.
+    Expired,
+}
+
+/// `GET /v1/idempotency-keys/{key}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyStatus {
+    /// The key.
+    pub idempotency_key: String,
+    /// Always `create-order` for now.
+    pub operation: &'static str,
+    /// `completed` or `expired`.
+    pub state: KeyState,
+    /// The stored outcome's HTTP status (201, or 422 for a stored rejection).
+    pub status_code: Option<u16>,
+    /// The order the key created, if any.
+    pub order_id: Option<Uuid>,
+    /// When the key was claimed.
+    pub created_at: String,
+    /// End of the replay window.
+    pub replay_deadline: String,
+    /// When the cleaner tombstoned the record; `null` while not (yet) tombstoned.
+    pub expired_at: Option<String>,
+}
+
+/// Why a lookup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// No connection, or it failed.
+    #[error("database unavailable")]
+    Unavailable(#[source] DbError),
+    /// Anything else.
+    #[error("unexpected database error")]
+    Database(#[source] DbError),
+}
+
+impl LookupError {
+    /// The database error inside.
+    pub fn db_error(&self) -> &DbError {
+        match self {
+            LookupError::Unavailable(e) | LookupError::Database(e) => e,
+        }
+    }
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+async fn query_opt(
+    pool: &Pool,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, LookupError> {
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| LookupError::Unavailable(DbError::Pool(e)))?;
+    let result = async {
+        let statement = client.prepare_cached(sql).await?;
+        client.query_opt(&statement, params).await
+    }
+    .await;
+    result.map_err(|e| {
+        let class = db::classify(&e);
+        drop(Object::take(client));
+        match class {
+            ErrorClass::Unavailable => LookupError::Unavailable(DbError::Query(e)),
+            _ => LookupError::Database(DbError::Query(e)),
+        }
+    })
+}
+
+/// The order `order_id` if it belongs to `tenant`.
+#[tracing::instrument(skip(pool))]
+pub async fn order(
+    pool: &Pool,
+    tenant: &str,
+    order_id: Uuid,
+) -> Result<Option<OrderView>, LookupError> {
+    let Some(row) = query_opt(pool, sql::ORDER_BY_ID, &[&order_id, &tenant]).await? else {
+        return Ok(None);
+    };
+    let get = |e| LookupError::Database(DbError::Query(e));
+    let currency: String = row.try_get("currency").map_err(get)?;
+    let amount_minor: i64 = row.try_get("amount_minor").map_err(get)?;
+    // Every stored currency was validated on the way in; fall back to minor units otherwise.
+    let amount = Currency::parse(&currency)
+        .map(|c| c.format(amount_minor))
+        .unwrap_or_else(|_| amount_minor.to_string());
+    Ok(Some(OrderView {
+        order_id: row.try_get("order_id").map_err(get)?,
+        request_id: row.try_get("request_id").map_err(get)?,
+        amount_minor,
+        amount,
+        currency,
+        item: row.try_get("item").map_err(get)?,
+        quantity: row.try_get("quantity").map_err(get)?,
+        recipient: row.try_get("recipient").map_err(get)?,
+        status: row.try_get("status").map_err(get)?,
+        created_at: rfc3339(row.try_get("created_at").map_err(get)?),
+    }))
+}
+
+/// The status of `key` in the scope (tenant, principal, create-order).
+#[tracing::instrument(skip(pool, key))]
+pub async fn key_status(
+    pool: &Pool,
+    tenant: &str,
+    principal: &str,
+    key: &str,
+) -> Result<Option<KeyStatus>, LookupError> {
+    let Some(row) = query_opt(
+        pool,
+        sql::KEY_STATUS,
+        &[&tenant, &principal, &OPERATION_CREATE_ORDER, &key],
+    )
+    .await?
+    else {
+        return Ok(None);
+    };
+    let get = |e| LookupError::Database(DbError::Query(e));
+    let expired: bool = row.try_get("expired").map_err(get)?;
+    let past_deadline: bool = row.try_get("past_deadline").map_err(get)?;
+    let status_code: Option<i16> = row.try_get("status_code").map_err(get)?;
+    let expired_at: Option<DateTime<Utc>> = row.try_get("expired_at").map_err(get)?;
+    Ok(Some(KeyStatus {
+        idempotency_key: key.to_owned(),
+        operation: OPERATION_CREATE_ORDER,
+        state: if expired || past_deadline {
+            KeyState::Expired
+        } else {
+            KeyState::Completed
+        },
+        status_code: status_code.and_then(|s| u16::try_from(s).ok()),
+        order_id: row.try_get("order_id").map_err(get)?,
+        created_at: rfc3339(row.try_get("created_at").map_err(get)?),
+        replay_deadline: rfc3339(row.try_get("replay_deadline").map_err(get)?),
+        expired_at: expired_at.map(rfc3339),
+    }))
+}

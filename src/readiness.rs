@@ -1,0 +1,260 @@
+//! Readiness: the database answers and its schema is exactly what this binary expects. This is
+//! what `/readyz` reports and what the watchdog can read.
+//!
+//! The check runs on one dedicated session (`application_name = tombstoned/readiness`), kept
+//! open between checks and reopened after a failure, so it neither competes with the API for
+//! pooled connections nor opens a connection per probe. Checks are single-flight and their
+//! result is reused for a short while: however many probes arrive at once, at most one check
+//! talks to the database, and each is bounded by a timeout (client side, and as
+//! `statement_timeout` server side so a stuck check does not linger in the database).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::DatabaseConfig;
+use crate::db::migrations::{self, MigrationStatus};
+use crate::db::{self, DbError, ErrorClass, Session};
+
+/// Default bound on one check, connecting included.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time a check's result is reused before the database is asked again.
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// The `application_name` purpose of the probe's session.
+const PURPOSE: &str = "readiness";
+
+/// Sets the probe session's `statement_timeout`. A parameter, not string formatting.
+const SET_STATEMENT_TIMEOUT: &str = "SELECT set_config('statement_timeout', $1, false)";
+
+/// The answer of one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// The database answers and the schema is current.
+    Ready,
+    /// Not ready, and why.
+    NotReady(NotReady),
+}
+
+impl Readiness {
+    /// True for [`Readiness::Ready`].
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Readiness::Ready)
+    }
+}
+
+/// Why the service is not ready. The texts are one line, safe to show to anyone who can reach
+/// the metrics listener (the database URL in them is redacted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// No connection could be made, or it broke.
+    #[error("database unreachable: {0}")]
+    DatabaseUnreachable(String),
+    /// The database answered the check with an error (permissions, a statement timeout, ...).
+    #[error("database check failed: {0}")]
+    DatabaseError(String),
+    /// The check did not finish in time.
+    #[error("database did not answer within {0:?}")]
+    TimedOut(Duration),
+    /// Migrations are pending, unknown to this binary, or differ from it.
+    #[error("schema not current: {0}")]
+    SchemaNotCurrent(String),
+    /// Shutdown has begun; stop sending traffic here.
+    #[error("shutting down")]
+    ShuttingDown,
+}
+
+/// Checks readiness against the database; share it as `Arc<ReadinessProbe>`.
+pub struct ReadinessProbe {
+    database: DatabaseConfig,
+    timeout: Duration,
+    max_age: Duration,
+    /// Held for the whole of a check: the single flight.
+    state: tokio::sync::Mutex<ProbeState>,
+    /// When a check last found the service ready (read synchronously by the watchdog).
+    last_ready_at: Mutex<Option<Instant>>,
+    shutting_down: AtomicBool,
+}
+
+#[derive(Default)]
+struct ProbeState {
+    session: Option<Session>,
+    last: Option<(Instant, Readiness)>,
+}
+
+impl std::fmt::Debug for ReadinessProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadinessProbe")
+            .field("database", &self.database.url)
+            .field("schema", &self.database.schema)
+            .field("timeout", &self.timeout)
+            .field("max_age", &self.max_age)
+            .finish()
+    }
+}
+
+impl ReadinessProbe {
+    /// A probe for `database`, with [`DEFAULT_TIMEOUT`] and [`DEFAULT_MAX_AGE`]. Connects lazily,
+    /// on the first check.
+    pub fn new(database: DatabaseConfig) -> Self {
+        ReadinessProbe {
+            database,
+            timeout: DEFAULT_TIMEOUT,
+            max_age: DEFAULT_MAX_AGE,
+            state: tokio::sync::Mutex::new(ProbeState::default()),
+            last_ready_at: Mutex::new(None),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Bounds one check (connecting included).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long a result is reused; `Duration::ZERO` asks the database every time (still one
+    /// check at a time).
+    pub fn with_max_age(mut self, max_age: Duration) -> Self {
+        self.max_age = max_age;
+        self
+    }
+
+    /// From now on every check answers [`NotReady::ShuttingDown`] without asking the database:
+    /// call it when shutdown begins, so load balancers stop sending requests while in-flight
+    /// ones drain.
+    pub fn mark_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+    }
+
+    /// How long ago a check last found the service ready; `None` if none ever did. Synchronous
+    /// and cheap, for the watchdog's health function (keep checks coming with
+    /// [`ReadinessProbe::spawn_refresh`]).
+    pub fn last_ready_age(&self) -> Option<Duration> {
+        let at = *self
+            .last_ready_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        at.map(|at| at.elapsed())
+    }
+
+    /// Checks readiness: the recent result when there is one, otherwise one bounded check
+    /// (waiting for a check already in flight rather than starting another).
+    pub async fn check(&self) -> Readiness {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Readiness::NotReady(NotReady::ShuttingDown);
+        }
+        let mut state = self.state.lock().await;
+        if let Some((at, readiness)) = &state.last {
+            if at.elapsed() < self.max_age {
+                return readiness.clone();
+            }
+        }
+        let readiness =
+            match tokio::time::timeout(self.timeout, self.query(&mut state.session)).await {
+                Ok(Ok(status)) => match status.problem() {
+                    None => Readiness::Ready,
+                    Some(problem) => Readiness::NotReady(NotReady::SchemaNotCurrent(problem)),
+                },
+                Ok(Err(e)) => {
+                    // Reconnect next time: cheaper to reason about than deciding which errors left
+                    // the session usable.
+                    state.session = None;
+                    let reason = one_line(&e);
+                    Readiness::NotReady(if e.class() == ErrorClass::Unavailable {
+                        NotReady::DatabaseUnreachable(reason)
+                    } else {
+                        NotReady::DatabaseError(reason)
+                    })
+                }
+                Err(_) => {
+                    // The session may be stuck mid-statement; dropping it closes the socket.
+                    state.session = None;
+                    Readiness::NotReady(NotReady::TimedOut(self.timeout))
+                }
+            };
+        let now = Instant::now();
+        if readiness.is_ready() {
+            *self
+                .last_ready_at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(now);
+        }
+        log_transition(state.last.as_ref().map(|(_, r)| r), &readiness);
+        state.last = Some((now, readiness.clone()));
+        readiness
+    }
+
+    /// Runs a check every `every` until `shutdown`, so [`ReadinessProbe::last_ready_age`] stays
+    /// current even when nothing scrapes `/readyz`.
+    pub fn spawn_refresh(
+        self: &Arc<Self>,
+        every: Duration,
+        shutdown: CancellationToken,
+    ) -> JoinHandle<()> {
+        let probe = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                probe.check().await;
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(every) => {}
+                }
+            }
+        })
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(schema = %self.database.schema))]
+    async fn query(&self, session: &mut Option<Session>) -> Result<MigrationStatus, DbError> {
+        if session.as_ref().is_some_and(Session::is_closed) {
+            *session = None;
+        }
+        let session = match session {
+            Some(session) => session,
+            None => {
+                let fresh = db::connect(&self.database, PURPOSE).await?;
+                // Server-side bound too, a little under the client's, so a check stuck behind a
+                // lock is cancelled in the database instead of waiting there after we gave up.
+                let statement_timeout = format!("{}ms", (self.timeout.as_millis() * 3 / 4).max(1));
+                fresh
+                    .client
+                    .execute(SET_STATEMENT_TIMEOUT, &[&statement_timeout])
+                    .await?;
+                session.insert(fresh)
+            }
+        };
+        migrations::status(&session.client, &self.database.schema).await
+    }
+}
+
+fn log_transition(before: Option<&Readiness>, after: &Readiness) {
+    match (before, after) {
+        (Some(Readiness::Ready) | None, Readiness::NotReady(reason)) => {
+            tracing::warn!(%reason, "not ready");
+        }
+        (Some(Readiness::NotReady(_)) | None, Readiness::Ready) => tracing::info!("ready"),
+        (Some(Readiness::NotReady(old)), Readiness::NotReady(new)) if old != new => {
+            tracing::warn!(reason = %new, "still not ready");
+        }
+        _ => {}
+    }
+}
+
+/// The error and its causes on one line.
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // tokio-postgres repeats its source in its own message ("db error: ERROR: ...").
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text.replace(['\n', '\r'], " ")
+}

@@ -1,0 +1,332 @@
+//! The claim under concurrency, with real sessions and barriers observed in `pg_stat_activity`:
+//! the commit race, the rollback race, the lock-timeout race, and the lost response.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt as _;
+use tombstoned::fingerprint::Fingerprint;
+use tombstoned::money::Currency;
+use tombstoned::order_request::{parse_order, RequestDefaults};
+
+use crate::api_support::{backend_pid, order, wait_until_api_blocked_by, TestApi, ALICE};
+use crate::harness::wait_until_app_lock_wait;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// The fingerprint the API computes for `body` (default currency CNY, default API version).
+fn fingerprint_of(body: &serde_json::Value) -> Vec<u8> {
+    let defaults = RequestDefaults {
+        currency: Currency::parse("CNY").unwrap(),
+    };
+    let order = parse_order(body.to_string().as_bytes(), &defaults).unwrap();
+    Fingerprint::of(&order, "2026-12-01")
+        .unwrap()
+        .as_bytes()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn thirty_two_concurrent_identical_requests_create_exactly_one_order() {
+    let api = Arc::new(TestApi::start().await);
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    let requests: Vec<_> = (0..32)
+        .map(|_| {
+            let (api, barrier) = (Arc::clone(&api), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                api.post(ALICE, "key-race", &order("req-race")).await
+            })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for r in requests {
+        replies.push(r.await.unwrap());
+    }
+    let created: Vec<_> = replies
+        .iter()
+        .filter(|r| r.status == 201 && !r.replayed())
+        .collect();
+    assert_eq!(created.len(), 1, "exactly one owner: {replies:#?}");
+    let original = &created[0].text;
+    for r in &replies {
+        match r.status {
+            201 => assert_eq!(&r.text, original, "every replay is the original's bytes"),
+            409 => {
+                assert_eq!(r.problem(), "request-in-progress");
+                assert!(r.header("retry-after").is_some());
+            }
+            other => panic!("unexpected {other}: {}", r.text),
+        }
+    }
+    assert_eq!(
+        api.counts().await,
+        (1, 1, 1),
+        "one record, one order, one event"
+    );
+}
+
+#[tokio::test]
+async fn the_waiting_request_becomes_the_owner_when_the_first_owner_rolls_back() {
+    let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "30s")]).await;
+    let body = order("req-rb");
+    // Another session claims the key and has not committed.
+    let owner = api.db.client().await;
+    let owner_pid = backend_pid(&owner).await;
+    owner.batch_execute("BEGIN").await.unwrap();
+    owner
+        .execute(
+            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+                 idempotency_key, fingerprint, status_code, response_body, replay_deadline)
+             VALUES ('acme', 'alice', 'create-order', 'key-rb', $1, 201, '{}',
+                     now() + interval '1 day')",
+            &[&fingerprint_of(&body)],
+        )
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let (http, base) = (api.http.clone(), api.base.clone());
+        async move {
+            TestApi::reply(
+                http.post(format!("{base}/v1/orders"))
+                    .bearer_auth(ALICE)
+                    .header("idempotency-key", "key-rb")
+                    .header("content-type", "application/json")
+                    .body(body.to_string())
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        }
+    });
+    let observer = api.db.client().await;
+    wait_until_api_blocked_by(&observer, owner_pid, WAIT).await;
+    owner.batch_execute("ROLLBACK").await.unwrap();
+    let reply = waiter.await.unwrap();
+    reply.expect(201);
+    assert!(!reply.replayed(), "it ran the business itself");
+    assert_eq!(api.counts().await, (1, 1, 1));
+}
+
+#[tokio::test]
+async fn when_the_owners_business_insert_fails_the_waiting_loser_creates_the_order_once() {
+    // A session holds an uncommitted order with the request_id, so the owner's order insert
+    // waits on it and fails after claim_lock_timeout (55P03): the owner's whole transaction,
+    // claim included, rolls back while a second request waits on the owner's claim.
+    let api = Arc::new(TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "3s")]).await);
+    let blocker = api.db.client().await;
+    let blocker_pid = backend_pid(&blocker).await;
+    blocker.batch_execute("BEGIN").await.unwrap();
+    blocker
+        .execute(
+            "INSERT INTO orders (order_id, tenant_id, principal_id, request_id, amount_minor,
+                                 currency, item, quantity, recipient)
+             VALUES (gen_random_uuid(), 'acme', 'bob', 'req-w', 1, 'CNY', 'x', 1, 'y')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let observer = api.db.client().await;
+    let send = |api: &Arc<TestApi>| {
+        let api = Arc::clone(api);
+        tokio::spawn(async move { api.post(ALICE, "key-w", &order("req-w")).await })
+    };
+    let first = send(&api);
+    let first_pid = wait_until_api_blocked_by(&observer, blocker_pid, WAIT).await;
+    let second = send(&api);
+    let second_pid = wait_until_api_blocked_by(&observer, first_pid, WAIT).await;
+    assert_ne!(first_pid, second_pid);
+
+    let first = first.await.unwrap();
+    first.expect(409);
+    assert_eq!(first.problem(), "request-in-progress");
+    // The first owner rolled back; the second now owns the key and waits on the same order.
+    let now_waiting = wait_until_api_blocked_by(&observer, blocker_pid, WAIT).await;
+    assert_eq!(now_waiting, second_pid);
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+
+    let second = second.await.unwrap();
+    second.expect(201);
+    assert!(!second.replayed(), "the loser ran the business itself");
+    assert_eq!(api.counts().await, (1, 1, 1));
+    let client = api.db.client().await;
+    let principal: String = client
+        .query_one(
+            "SELECT principal_id FROM orders WHERE request_id = 'req-w'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(principal, "alice");
+}
+
+#[tokio::test]
+async fn a_claim_blocked_past_claim_lock_timeout_gets_409_then_the_retry_replays() {
+    let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "500ms")]).await;
+    let first = api.post(ALICE, "key-l", &order("req-l")).await;
+    first.expect(201);
+
+    // A row lock that conflicts with the replay's FOR SHARE, held past the claim lock timeout.
+    let holder = api.db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT 1 FROM idempotency_records WHERE idempotency_key = 'key-l' FOR UPDATE",
+            &[],
+        )
+        .await
+        .unwrap();
+    let observer = api.db.client().await;
+    let blocked = tokio::spawn({
+        let (http, base) = (api.http.clone(), api.base.clone());
+        async move {
+            TestApi::reply(
+                http.post(format!("{base}/v1/orders"))
+                    .bearer_auth(ALICE)
+                    .header("idempotency-key", "key-l")
+                    .header("content-type", "application/json")
+                    .body(order("req-l").to_string())
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        }
+    });
+    wait_until_app_lock_wait(&observer, "tombstoned/api", WAIT).await;
+    let r = blocked.await.unwrap();
+    r.expect(409);
+    assert_eq!(r.problem(), "request-in-progress");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let detail = r.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("pending") && detail.contains("same Idempotency-Key"),
+        "{detail}"
+    );
+
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let retry = api.post(ALICE, "key-l", &order("req-l")).await;
+    retry.expect(201);
+    assert!(retry.replayed());
+    assert_eq!(retry.text, first.text);
+    assert_eq!(api.counts().await, (1, 1, 1));
+    assert!(api
+        .metrics_text()
+        .contains("tombstoned_claims_total{outcome=\"in_progress\"} 1"));
+}
+
+#[tokio::test]
+async fn waiting_on_an_in_flight_owner_past_the_timeout_is_409_then_its_committed_result_replays() {
+    let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "300ms")]).await;
+    let body = order("req-f");
+    let owner = api.db.client().await;
+    owner.batch_execute("BEGIN").await.unwrap();
+    owner
+        .execute(
+            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+                 idempotency_key, fingerprint, status_code, response_body, replay_deadline)
+             VALUES ('acme', 'alice', 'create-order', 'key-f', $1, 201, '{\"from\": \"owner\"}',
+                     now() + interval '1 day')",
+            &[&fingerprint_of(&body)],
+        )
+        .await
+        .unwrap();
+    let r = api.post(ALICE, "key-f", &body).await;
+    r.expect(409);
+    assert_eq!(r.problem(), "request-in-progress");
+    assert_eq!(api.counts().await, (0, 0, 0), "the waiter rolled back");
+    owner.batch_execute("COMMIT").await.unwrap();
+    let replay = api.post(ALICE, "key-f", &body).await;
+    replay.expect(201);
+    assert!(replay.replayed());
+    assert_eq!(
+        replay.text, r#"{"from": "owner"}"#,
+        "the owner's committed result"
+    );
+}
+
+#[tokio::test]
+async fn a_response_lost_to_a_vanished_client_is_replayed_on_retry() {
+    let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "30s")]).await;
+    // Hold the claim inside its transaction (orders locked against inserts) while the client
+    // sends its request and goes away without reading anything.
+    let holder = api.db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .batch_execute("LOCK TABLE orders IN SHARE MODE")
+        .await
+        .unwrap();
+    let body = order("req-lost").to_string();
+    let address = api.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let request = format!(
+        "POST /v1/orders HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {ALICE}\r\n\
+         Idempotency-Key: key-lost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let observer = api.db.client().await;
+    wait_until_app_lock_wait(&observer, "tombstoned/api", WAIT).await;
+    drop(socket); // the client is gone; the handler future is dropped with its connection
+    holder.batch_execute("COMMIT").await.unwrap();
+
+    // The abandoned claim still commits.
+    let deadline = std::time::Instant::now() + WAIT;
+    while api.count("idempotency_records").await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let retry = api.post(ALICE, "key-lost", &order("req-lost")).await;
+    retry.expect(201);
+    assert!(retry.replayed(), "the retry gets the stored outcome");
+    assert_eq!(api.counts().await, (1, 1, 1), "no second row anywhere");
+}
+
+#[tokio::test]
+async fn an_exhausted_pool_answers_503_after_a_bounded_wait() {
+    let api = Arc::new(
+        TestApi::start_with(&[
+            ("TOMBSTONED_DATABASE__POOL_SIZE", "1"),
+            ("TOMBSTONED_DATABASE__CONNECT_TIMEOUT", "1s"),
+            ("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "30s"),
+        ])
+        .await,
+    );
+    // The only pooled connection is held by a claim waiting on a table lock.
+    let holder = api.db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .batch_execute("LOCK TABLE orders IN SHARE MODE")
+        .await
+        .unwrap();
+    let first = tokio::spawn({
+        let api = Arc::clone(&api);
+        async move { api.post(ALICE, "key-1", &order("req-1")).await }
+    });
+    let observer = api.db.client().await;
+    wait_until_app_lock_wait(&observer, "tombstoned/api", WAIT).await;
+
+    let started = std::time::Instant::now();
+    let second = api.post(ALICE, "key-2", &order("req-2")).await;
+    second.expect(503);
+    assert_eq!(second.problem(), "database-unavailable");
+    assert_eq!(second.header("retry-after"), Some("2"));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the wait is bounded"
+    );
+    assert!(api
+        .metrics_text()
+        .contains("tombstoned_db_errors_total{sqlstate_class=\"pool_timeout\"} 1"));
+
+    holder.batch_execute("COMMIT").await.unwrap();
+    first.await.unwrap().expect(201);
+    // The key of the refused request was not consumed.
+    api.post(ALICE, "key-2", &order("req-2")).await.expect(201);
+}
