@@ -5,9 +5,10 @@
 //! |---|---|
 //! | 0  | success |
 //! | 64 | bad usage or configuration (EX_USAGE) |
-//! | 69 | database unavailable (EX_UNAVAILABLE) |
+//! | 69 | database unavailable, or its schema not current (EX_UNAVAILABLE) |
 //! | 70 | internal error (EX_SOFTWARE) |
 //! | 75 | temporary refusal: `cleanup` found another instance holding the cleanup lease (EX_TEMPFAIL) |
+//! | 130 | a second SIGINT/SIGTERM during a graceful stop: exit at once, open transactions roll back |
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ pub enum Exit {
     Software = 70,
     /// 75: try again later (`cleanup` while another instance holds the cleanup lease).
     TempFail = 75,
+    /// 130: a second signal ended a graceful stop at once.
+    Interrupted = 130,
 }
 
 impl From<Exit> for ExitCode {
@@ -139,15 +142,34 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The cause chain on one line. A server error contributes its severity, SQLSTATE and message
+/// only: its DETAIL can quote row values (keys, tenants), which must not reach logs.
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = match cause
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::as_db_error)
+        {
+            Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+            None => cause.to_string(),
+        };
+        // Wrappers that print their source's text too would repeat it.
+        if parts.last().is_some_and(|last| last.ends_with(&text)) {
+            continue;
+        }
+        parts.push(text);
+    }
+    parts.join(": ").replace('\n', " ")
 }
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal, never into journald or a log file.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -172,6 +194,16 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
                 ErrorClass::Unavailable => Exit::Unavailable,
                 _ => Exit::Software,
             };
+        }
+        // A listener that cannot bind, or an unusable tokens file, is the operator's to fix.
+        if cause.is::<crate::daemon::ListenError>() || cause.is::<crate::auth::TokensError>() {
+            return Exit::Usage;
+        }
+        if let Some(crate::ops_server::OpsServerError::Bind { .. }) = cause.downcast_ref() {
+            return Exit::Usage;
+        }
+        if let Some(crate::http::ApiError::Config { .. }) = cause.downcast_ref() {
+            return Exit::Usage;
         }
         if cause.is::<migrations::SchemaNotCurrent>() {
             return Exit::Unavailable;

@@ -1,28 +1,325 @@
-//! `tombstoned serve`: start-up checks, the long-running tasks, signals and shutdown.
+//! `tombstoned serve`: start-up checks, the long-running tasks (cleanup scheduler, HTTP API,
+//! operations listener, systemd notifications), and the signals that reload and stop them.
+//!
+//! Start-up order is what makes `READY=1` honest: configuration loaded, database reachable,
+//! schema current, both listeners bound — only then readiness. Shutdown runs the other way: stop
+//! accepting API requests and drain them (bounded), let the cleaner finish or roll back its
+//! current batch and release its lease, and close the metrics listener last so the final
+//! scrapes still work.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::Exit;
 use crate::config::Config;
 use crate::db::{self, migrations};
+use crate::http::{self, ApiState};
+use crate::metrics::Metrics;
+use crate::ops_server::{self, OpsState};
+use crate::readiness::ReadinessProbe;
+use crate::scheduler::{Scheduler, SchedulerState, SchedulerStatus};
+use crate::systemd::Notifier;
 
-/// Runs the daemon until SIGTERM or SIGINT.
-pub async fn serve(config: Config, _config_path: Option<PathBuf>) -> anyhow::Result<Exit> {
-    let session = db::connect(&config.database, "serve").await?;
-    let status = migrations::status(&session.client, &config.database.schema).await?;
-    if let Some(problem) = status.problem() {
-        return Err(migrations::SchemaNotCurrent(problem).into());
+/// How long in-flight API requests may take to finish after SIGTERM.
+const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// How often the readiness probe refreshes on its own (it also feeds the watchdog).
+const READINESS_REFRESH: Duration = Duration::from_secs(5);
+/// How long the database may stay unreachable before the watchdog stops vouching for us, so
+/// that systemd restarts the daemon (which re-resolves and reconnects from scratch). Short
+/// outages — a restart, a fail-over — are ridden out: the API answers 503 and the cleaner
+/// retries at its next fire time.
+const DATABASE_OUTAGE_TOLERANCE: Duration = Duration::from_secs(300);
+/// Slack on top of a run's own bounds before a running scheduler counts as stuck.
+const RUN_SLACK: Duration = Duration::from_secs(60);
+
+/// Runs the daemon until SIGTERM or SIGINT. `config_path` is re-read on SIGHUP.
+pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Result<Exit> {
+    let notifier = Notifier::from_env();
+    let metrics = Arc::new(Metrics::new().context("cannot register the metrics")?);
+
+    // Database reachable and schema current, or no start at all (exit 69; systemd retries).
+    {
+        let session = db::connect(&config.database, "serve").await?;
+        let status = migrations::status(&session.client, &config.database.schema).await?;
+        if let Some(problem) = status.problem() {
+            return Err(migrations::SchemaNotCurrent(problem).into());
+        }
     }
-    drop(session);
-    tracing::info!(database = %config.database.url, "tombstoned started");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot install the SIGTERM handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+
+    // Bind both listeners before announcing readiness; a taken port is a configuration error.
+    let ops_listener = ops_server::bind(config.metrics.listen).await?;
+    let api = if config.api.enabled {
+        let state = ApiState::new(&config, metrics.clone())?;
+        let listener = tokio::net::TcpListener::bind(config.api.listen)
+            .await
+            .map_err(|source| ListenError {
+                key: "api.listen",
+                addr: config.api.listen,
+                source,
+            })?;
+        Some((state, listener))
+    } else {
+        None
+    };
+
+    let stop_work = CancellationToken::new(); // API and scheduler
+    let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
+    let readiness = Arc::new(ReadinessProbe::new(config.database.clone()));
+    let mut ops_state = OpsState::new(metrics.clone(), readiness.clone());
+    if let Some((state, _)) = &api {
+        ops_state = ops_state.with_pool(state.pool().clone());
+    }
+    let ops_task = tokio::spawn(ops_server::serve_metrics(
+        ops_listener,
+        ops_state,
+        stop_ops.clone(),
+    ));
+
+    let api_state = api.as_ref().map(|(state, _)| state.clone());
+    let api_task: Option<JoinHandle<Result<(), http::ApiError>>> =
+        api.map(|(state, listener)| tokio::spawn(http::serve(listener, state, stop_work.clone())));
+
+    let (config_tx, config_rx) = watch::channel(Arc::new(config.clone()));
+    let scheduler = Scheduler::new(config.database.clone(), config_rx, metrics.clone());
+    let scheduler_status = scheduler.status();
+    let scheduler_task = tokio::spawn(scheduler.run(stop_work.clone()));
+
+    let status_task = tokio::spawn(publish_status(
+        notifier.clone(),
+        scheduler_status.clone(),
+        stop_ops.clone(),
+    ));
+    readiness.check().await; // a fresh "database reachable" for the watchdog's first look
+    let refresh_task = readiness.spawn_refresh(READINESS_REFRESH, stop_ops.clone());
+    let watchdog_task = notifier.spawn_watchdog(
+        watchdog_health(
+            scheduler_status.clone(),
+            readiness.clone(),
+            config_tx.subscribe(),
+        ),
+        stop_ops.clone(),
+    );
+
+    notifier.ready(&ready_line(&config, &scheduler_status.borrow()));
+    tracing::info!(
+        database = %config.database.url,
+        schema = %config.database.schema,
+        api = %if config.api.enabled { config.api.listen.to_string() } else { "disabled".into() },
+        metrics = %config.metrics.listen,
+        cleanup = %if config.cleanup.enabled { config.cleanup.schedule.to_string() } else { "disabled".into() },
+        "tombstoned ready"
+    );
+
+    // Signals: SIGHUP reloads; the first SIGTERM/SIGINT stops gracefully, a second exits at once.
+    let mut term = unix_signal(SignalKind::terminate())?;
+    let mut int = unix_signal(SignalKind::interrupt())?;
+    let mut hup = unix_signal(SignalKind::hangup())?;
+    let mut current = Arc::new(config);
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => {
+                notifier.reloading();
+                current = reload(config_path.as_deref(), &current, &config_tx, api_state.as_ref());
+                notifier.ready(&ready_line(&current, &scheduler_status.borrow()));
+            }
+        }
+    }
+
+    tracing::info!("shutting down: draining API requests, finishing the current cleanup batch");
+    notifier.stopping();
+    readiness.mark_shutting_down();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(Exit::Interrupted as i32);
+    });
+    stop_work.cancel();
+    if let Some(task) = api_task {
+        match tokio::time::timeout(API_DRAIN_TIMEOUT, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::error!(error = %format!("{e:#}"), "HTTP server failed"),
+            Ok(Err(e)) => tracing::error!(error = %e, "HTTP server task failed"),
+            Err(_) => tracing::warn!(
+                timeout = ?API_DRAIN_TIMEOUT,
+                "in-flight API requests did not finish in time; closing them"
+            ),
+        }
+    }
+    if let Err(e) = scheduler_task.await {
+        tracing::error!(error = %e, "cleanup scheduler task failed");
+    }
+    stop_ops.cancel();
+    for task in [Some(status_task), Some(refresh_task), watchdog_task]
+        .into_iter()
+        .flatten()
+    {
+        let _ = task.await;
+    }
+    match ops_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %format!("{e:#}"), "metrics listener failed"),
+        Err(e) => tracing::error!(error = %e, "metrics listener task failed"),
     }
     tracing::info!("tombstoned stopped");
     Ok(Exit::Success)
+}
+
+/// A listener could not be bound: a configuration problem (exit status 64).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} ({key})")]
+pub struct ListenError {
+    /// The configuration key naming the address.
+    pub key: &'static str,
+    /// The address.
+    pub addr: std::net::SocketAddr,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn unix_signal(kind: SignalKind) -> anyhow::Result<Signal> {
+    signal(kind).with_context(|| {
+        format!(
+            "cannot install a handler for signal {}",
+            kind.as_raw_value()
+        )
+    })
+}
+
+fn ready_line(config: &Config, status: &SchedulerStatus) -> String {
+    let api = if config.api.enabled {
+        format!("api on {}", config.api.listen)
+    } else {
+        "api disabled".to_owned()
+    };
+    format!("{api}; {}", status.summary())
+}
+
+/// Mirrors every scheduler state change into systemd's `STATUS=`.
+async fn publish_status(
+    notifier: Notifier,
+    mut status: watch::Receiver<SchedulerStatus>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = status.changed() => {
+                if changed.is_err() {
+                    return; // the scheduler is gone
+                }
+                let line = status.borrow_and_update().summary();
+                notifier.status(&line);
+            }
+        }
+    }
+}
+
+/// The watchdog vouches for the daemon while the scheduler loop is alive (its heartbeat is
+/// recent, or a run is within its own time bounds) and the database answered a readiness check
+/// within [`DATABASE_OUTAGE_TOLERANCE`].
+fn watchdog_health(
+    status: watch::Receiver<SchedulerStatus>,
+    readiness: Arc<ReadinessProbe>,
+    config: watch::Receiver<Arc<Config>>,
+) -> impl Fn() -> bool + Send + 'static {
+    move || {
+        let config = config.borrow().clone();
+        let status = status.borrow();
+        let loop_alive = match status.state {
+            SchedulerState::Stopped => false,
+            SchedulerState::Running { .. } => {
+                // The heartbeat keeps beating during runs; a run that stops beating for longer
+                // than its own bounds is stuck.
+                status.heartbeat.elapsed()
+                    < config.cleanup.max_run_time + config.cleanup.statement_timeout + RUN_SLACK
+            }
+            SchedulerState::Idle | SchedulerState::Paused => {
+                status.heartbeat.elapsed() < crate::scheduler::HEARTBEAT_INTERVAL * 10
+            }
+        };
+        let database_ok = readiness
+            .last_ready_age()
+            .is_some_and(|age| age < DATABASE_OUTAGE_TOLERANCE);
+        loop_alive && database_ok
+    }
+}
+
+/// SIGHUP: re-read the configuration file. An invalid file keeps the running configuration.
+/// Settings that need new connections or sockets are reported and take effect at restart.
+fn reload(
+    path: Option<&std::path::Path>,
+    current: &Arc<Config>,
+    config_tx: &watch::Sender<Arc<Config>>,
+    api: Option<&ApiState>,
+) -> Arc<Config> {
+    let started = Instant::now();
+    let new = match Config::load(path, &[]) {
+        Ok(new) => new,
+        Err(e) => {
+            tracing::error!(
+                error = %format!("{e:#}"),
+                "configuration reload rejected; keeping the running configuration"
+            );
+            return current.clone();
+        }
+    };
+    let mut needs_restart = Vec::new();
+    if new.database.url.expose() != current.database.url.expose() {
+        needs_restart.push("database.url");
+    }
+    if new.database.schema != current.database.schema {
+        needs_restart.push("database.schema");
+    }
+    if new.database.pool_size != current.database.pool_size {
+        needs_restart.push("database.pool_size");
+    }
+    if new.database.connect_timeout != current.database.connect_timeout {
+        needs_restart.push("database.connect_timeout");
+    }
+    if new.api.enabled != current.api.enabled {
+        needs_restart.push("api.enabled");
+    }
+    if new.api.listen != current.api.listen {
+        needs_restart.push("api.listen");
+    }
+    if new.metrics.listen != current.metrics.listen {
+        needs_restart.push("metrics.listen");
+    }
+    if !needs_restart.is_empty() {
+        tracing::warn!(
+            keys = %needs_restart.join(", "),
+            "these settings changed but take effect only after a restart"
+        );
+    }
+    // What can change safely is applied; the rest keeps its running value until restart.
+    let mut applied = new.clone();
+    applied.database = current.database.clone();
+    applied.api.enabled = current.api.enabled;
+    applied.api.listen = current.api.listen;
+    applied.metrics = current.metrics.clone();
+    let applied = Arc::new(applied);
+    if let Some(api) = api {
+        if let Err(e) = api.reload(&applied) {
+            tracing::error!(
+                error = %format!("{e:#}"),
+                "API reload failed; the previous tokens stay in force"
+            );
+        }
+    }
+    config_tx.send_replace(applied.clone());
+    tracing::info!(elapsed = ?started.elapsed(), "configuration reloaded");
+    applied
 }

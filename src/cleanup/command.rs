@@ -98,7 +98,7 @@ async fn stop_on_signal(shutdown: CancellationToken) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    std::process::exit(130);
+    std::process::exit(Exit::Interrupted as i32);
 }
 
 fn secs(d: Duration) -> String {
