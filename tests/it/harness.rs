@@ -192,15 +192,16 @@ pub async fn wait_until_lock_wait(observer: &Client, pid: i32, timeout: Duration
     .unwrap_or_else(|| panic!("backend {pid} never waited on a lock within {timeout:?}"));
 }
 
-/// Polls until some backend whose `application_name` starts with `prefix` waits on a lock;
-/// returns its pid.
+/// Polls until some backend of the observer's database whose `application_name` starts with
+/// `prefix` waits on a lock; returns its pid. (Other tests' databases never match.)
 pub async fn wait_until_app_lock_wait(observer: &Client, prefix: &str, timeout: Duration) -> i32 {
     let deadline = Instant::now() + timeout;
     loop {
         let row = observer
             .query_opt(
                 "SELECT pid FROM pg_stat_activity \
-                 WHERE application_name LIKE $1 || '%' AND wait_event_type = 'Lock' LIMIT 1",
+                 WHERE application_name LIKE $1 || '%' AND wait_event_type = 'Lock' \
+                   AND datname = current_database() LIMIT 1",
                 &[&prefix],
             )
             .await
