@@ -635,25 +635,11 @@ async fn batch_plans_lock_rows_in_primary_key_order() {
         .unwrap();
     let cutoff: chrono::DateTime<chrono::Utc> =
         client.query_one("SELECT now()", &[]).await.unwrap().get(0);
-    let no_cursor: Option<chrono::DateTime<chrono::Utc>> = None;
     for (statement, operation) in [
         (sql::TOMBSTONE_BATCH, "Update"),
         (sql::PURGE_BATCH, "Delete"),
     ] {
-        client.batch_execute("BEGIN").await.unwrap();
-        client
-            .query_one(sql::BATCH_SETTINGS, &[&"5s", &"30s"])
-            .await
-            .unwrap();
-        let plan: serde_json::Value = client
-            .query_one(
-                &format!("EXPLAIN (FORMAT JSON) {statement}"),
-                &[&cutoff, &no_cursor, &cutoff, &1000i64],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        client.batch_execute("ROLLBACK").await.unwrap();
+        let plan = batch_plan(&client, statement, cutoff).await;
         let modify = find(&plan[0]["Plan"], &|n| n["Operation"] == operation).unwrap();
         let join = &modify["Plans"][0];
         assert_eq!(join["Node Type"], "Nested Loop", "{plan:#}");
@@ -678,20 +664,7 @@ async fn batch_plans_lock_rows_in_primary_key_order() {
         sql::TOMBSTONE_BATCH_SKIP_LOCKED,
         sql::PURGE_BATCH_SKIP_LOCKED,
     ] {
-        client.batch_execute("BEGIN").await.unwrap();
-        client
-            .query_one(sql::BATCH_SETTINGS, &[&"5s", &"30s"])
-            .await
-            .unwrap();
-        let plan: serde_json::Value = client
-            .query_one(
-                &format!("EXPLAIN (FORMAT JSON) {statement}"),
-                &[&cutoff, &no_cursor, &cutoff, &1000i64],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        client.batch_execute("ROLLBACK").await.unwrap();
+        let plan = batch_plan(&client, statement, cutoff).await;
         let count = find(&plan[0]["Plan"], &|n| {
             n["Index Cond"].as_str().is_some_and(|c| c.contains("last"))
         })
@@ -985,4 +958,29 @@ async fn cli_exits_69_when_the_database_is_unreachable() {
             .unwrap();
         assert_eq!(output.status.code(), Some(69), "{args:?}: {output:?}");
     }
+}
+
+/// The JSON plan of a batch statement as a batch transaction would run it (its settings applied),
+/// for a whole-table batch of 1000 at `cutoff`.
+async fn batch_plan(
+    client: &tokio_postgres::Client,
+    statement: &str,
+    cutoff: chrono::DateTime<chrono::Utc>,
+) -> serde_json::Value {
+    let no_cursor: Option<chrono::DateTime<chrono::Utc>> = None;
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .query_one(sql::BATCH_SETTINGS, &[&"5s", &"30s"])
+        .await
+        .unwrap();
+    let plan = client
+        .query_one(
+            &format!("EXPLAIN (FORMAT JSON) {statement}"),
+            &[&cutoff, &no_cursor, &cutoff, &1000i64],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    client.batch_execute("ROLLBACK").await.unwrap();
+    plan
 }
