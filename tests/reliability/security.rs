@@ -1,0 +1,1 @@
+//! Security against the real daemon.
