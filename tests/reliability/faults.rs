@@ -142,13 +142,19 @@ async fn sigkill_during_a_cleanup_batch_leaves_no_half_batch_and_the_restart_fin
     // The orphaned batch gets the row, then finds its client gone and rolls back.
     wait_until_gone(&observer, "tombstoned/cleanup").await;
     wait_until_gone(&observer, "tombstoned/cleanup-lease").await;
-    assert_eq!(counts(&observer).await, (1200, 800), "exactly 12 whole batches");
+    assert_eq!(
+        counts(&observer).await,
+        (1200, 800),
+        "exactly 12 whole batches"
+    );
     assert!(body.is_some());
 
     daemon.restart().await;
-    let took = until("the restarted daemon tombstones the rest", BOUND, || async {
-        counts(&observer).await == (2000, 0)
-    })
+    let took = until(
+        "the restarted daemon tombstones the rest",
+        BOUND,
+        || async { counts(&observer).await == (2000, 0) },
+    )
     .await;
     assert_eq!(identity_checksum(&observer).await, before, "identity kept");
     let status = daemon.terminate().await;
@@ -277,11 +283,17 @@ async fn postgres_restart_and_outage_under_load_503_then_recovery_and_cleanup_re
     let failed_before = failed_runs().await;
     pg.stop_server().await;
     let stopped = SystemTime::now();
-    until("503 database-unavailable while the server is down", BOUND, || async {
-        load.count(|e| e.sent_at >= stopped && is_status(e, 503, "database-unavailable")) > 0
-    })
+    until(
+        "503 database-unavailable while the server is down",
+        BOUND,
+        || async {
+            load.count(|e| e.sent_at >= stopped && is_status(e, 503, "database-unavailable")) > 0
+        },
+    )
     .await;
-    let ready = reqwest::get(format!("{}/readyz", daemon.ops)).await.unwrap();
+    let ready = reqwest::get(format!("{}/readyz", daemon.ops))
+        .await
+        .unwrap();
     assert_eq!(ready.status(), 503, "/readyz while the database is down");
     // The scheduler fires into the outage, fails, and goes on.
     until("a cleanup fire fails during the outage", BOUND, || async {
@@ -298,9 +310,11 @@ async fn postgres_restart_and_outage_under_load_503_then_recovery_and_cleanup_re
     let successes_during_outage = successful_runs().await;
     pg.start_server().await;
     let started = SystemTime::now();
-    let outage_recovery = until("a claim succeeds after the server is back", BOUND, || async {
-        load.count(|e| created_after(e, started)) > 0
-    })
+    let outage_recovery = until(
+        "a claim succeeds after the server is back",
+        BOUND,
+        || async { load.count(|e| created_after(e, started)) > 0 },
+    )
     .await;
     // Cleanup resumes: records that came due during the outage are tombstoned by the next runs.
     let observer = connect(&pg.url, "test").await;
@@ -457,7 +471,10 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
     let held = nth_live(&observer, 2500).await;
     let (reader, body) = Reader::lock(&db, &held, "FOR SHARE").await;
     let locked_at = Instant::now();
-    let monitor = Monitor::start(connect(&db.url, "monitor").await, Duration::from_millis(200));
+    let monitor = Monitor::start(
+        connect(&db.url, "monitor").await,
+        Duration::from_millis(200),
+    );
     let mut daemon = Daemon::start(
         DaemonSpec::new(&db.url)
             .set("cleanup", "schedule", "\"*/2 * * * * *\"")
@@ -465,9 +482,11 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
             .set("cleanup", "lock_timeout", "\"1s\""),
     )
     .await;
-    let took = until("everything but the held row is tombstoned", BOUND, || async {
-        counts(&observer).await == (4999, 1)
-    })
+    let took = until(
+        "everything but the held row is tombstoned",
+        BOUND,
+        || async { counts(&observer).await == (4999, 1) },
+    )
     .await;
     // Keep holding until the lock has been held ten lock_timeouts, with runs firing every 2 s.
     while locked_at.elapsed() < Duration::from_secs(10) {
@@ -478,7 +497,12 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
         .query_one(
             "SELECT response_body::text FROM idempotency_records
              WHERE (tenant_id, principal_id, operation, idempotency_key) = ($1, $2, $3, $4)",
-            &[&held.tenant_id, &held.principal_id, &held.operation, &held.idempotency_key],
+            &[
+                &held.tenant_id,
+                &held.principal_id,
+                &held.operation,
+                &held.idempotency_key,
+            ],
         )
         .await
         .unwrap()
@@ -489,9 +513,11 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
     let timeouts = metric_value(&metrics, "tombstoned_cleanup_lock_timeouts_total");
     assert!(timeouts >= 1.0, "{metrics}");
     reader.commit().await;
-    until("the next run tombstones the released row", BOUND, || async {
-        counts(&observer).await == (5000, 0)
-    })
+    until(
+        "the next run tombstones the released row",
+        BOUND,
+        || async { counts(&observer).await == (5000, 0) },
+    )
     .await;
     assert!(daemon.terminate().await.success());
     let monitor = monitor.stop().await;

@@ -495,18 +495,24 @@ pub fn check(ledger: &Ledger, db: &DbState, options: CheckOptions) -> Verdict {
         let r = match &e.answer {
             Answer::Reply(r) => r,
             Answer::Dropped => {
-                *v.by_outcome.entry("(dropped by the client)".into()).or_default() += 1;
+                *v.by_outcome
+                    .entry("(dropped by the client)".into())
+                    .or_default() += 1;
                 continue;
             }
             Answer::Transport(err) => {
-                *v.by_outcome.entry("(connection failed)".into()).or_default() += 1;
+                *v.by_outcome
+                    .entry("(connection failed)".into())
+                    .or_default() += 1;
                 if !options.allow_transport {
                     v.violation(format!("connection failed without a fault: {err} ({e:?})"));
                 }
                 continue;
             }
             Answer::TimedOut => {
-                *v.by_outcome.entry("(no answer by the deadline)".into()).or_default() += 1;
+                *v.by_outcome
+                    .entry("(no answer by the deadline)".into())
+                    .or_default() += 1;
                 v.violation(format!("request hung past its deadline: {e:?}"));
                 continue;
             }
@@ -535,7 +541,9 @@ pub fn check(ledger: &Ledger, db: &DbState, options: CheckOptions) -> Verdict {
                         ctx()
                     ));
                 }
-                if rec.status != Some(201) || rec.order_id.is_none() || rec.order_id != body_order_id
+                if rec.status != Some(201)
+                    || rec.order_id.is_none()
+                    || rec.order_id != body_order_id
                 {
                     v.violation(format!("201 does not match its record {rec:?}: {}", ctx()));
                 }
@@ -558,8 +566,16 @@ pub fn check(ledger: &Ledger, db: &DbState, options: CheckOptions) -> Verdict {
                         .entry((e.intent.who.tenant.into(), e.intent.request_id.clone()))
                         .or_default() += 1;
                 }
-                if r.location.as_deref() != body_order_id.map(|id| format!("/v1/orders/{id}")).as_deref() {
-                    v.violation(format!("201 with a wrong Location {:?}: {}", r.location, ctx()));
+                if r.location.as_deref()
+                    != body_order_id
+                        .map(|id| format!("/v1/orders/{id}"))
+                        .as_deref()
+                {
+                    v.violation(format!(
+                        "201 with a wrong Location {:?}: {}",
+                        r.location,
+                        ctx()
+                    ));
                 }
                 key_texts.entry(scope.clone()).or_default().push(&r.text);
                 if let Some(id) = body_order_id {
@@ -614,13 +630,18 @@ pub fn check(ledger: &Ledger, db: &DbState, options: CheckOptions) -> Verdict {
                 if e.answered_at < rec.deadline {
                     v.violation(format!(
                         "410 before the replay deadline ({:?} early): {}",
-                        rec.deadline.duration_since(e.answered_at).unwrap_or_default(),
+                        rec.deadline
+                            .duration_since(e.answered_at)
+                            .unwrap_or_default(),
                         ctx()
                     ));
                 }
                 expect_no_order_fields(&mut v, r, &ctx);
                 if body_order_id != rec.order_id {
-                    v.violation(format!("410 names another order than the record's: {}", ctx()));
+                    v.violation(format!(
+                        "410 names another order than the record's: {}",
+                        ctx()
+                    ));
                 }
             }
             (422, replayed) if r.problem() == "approval-limit-exceeded" => {
@@ -633,7 +654,10 @@ pub fn check(ledger: &Ledger, db: &DbState, options: CheckOptions) -> Verdict {
                             v.violation(format!("stored rejection with an order: {}", ctx()));
                         }
                     }
-                    other => v.violation(format!("422 rejection without its record {other:?}: {}", ctx())),
+                    other => v.violation(format!(
+                        "422 rejection without its record {other:?}: {}",
+                        ctx()
+                    )),
                 }
                 key_texts.entry(scope.clone()).or_default().push(&r.text);
             }
@@ -651,7 +675,10 @@ pub fn check(ledger: &Ledger, db: &DbState, options: CheckOptions) -> Verdict {
                 }
             }
             (503, false)
-                if matches!(r.problem().as_str(), "database-unavailable" | "outcome-unknown") =>
+                if matches!(
+                    r.problem().as_str(),
+                    "database-unavailable" | "outcome-unknown"
+                ) =>
             {
                 if r.retry_after.is_none() {
                     v.violation(format!("503 without Retry-After: {}", ctx()));
@@ -673,7 +700,9 @@ pub fn check(ledger: &Ledger, db: &DbState, options: CheckOptions) -> Verdict {
     }
     for (scope, texts) in key_texts {
         if texts.iter().any(|t| *t != texts[0]) {
-            v.violation(format!("key {scope:?}: answers differ byte for byte: {texts:?}"));
+            v.violation(format!(
+                "key {scope:?}: answers differ byte for byte: {texts:?}"
+            ));
         }
     }
     for (id, texts) in order_texts {
@@ -702,7 +731,10 @@ fn global_checks(db: &DbState, v: &mut Verdict) {
     let mut records_per_order: HashMap<Uuid, usize> = HashMap::new();
     for (scope, rec) in &db.records {
         if rec.expired != rec.body_null {
-            v.violation(format!("record {scope:?}: expired {} but body null {}", rec.expired, rec.body_null));
+            v.violation(format!(
+                "record {scope:?}: expired {} but body null {}",
+                rec.expired, rec.body_null
+            ));
         }
         match (rec.status, rec.order_id) {
             (Some(201), Some(id)) => {
@@ -741,7 +773,9 @@ fn global_checks(db: &DbState, v: &mut Verdict) {
 fn check_reads(ledger: &Ledger, db: &DbState, v: &mut Verdict) {
     for read in ledger.reads.lock().unwrap().iter() {
         let Answer::Reply(r) = &read.answer else {
-            *v.reads.entry(format!("{:?} (no answer)", read.kind)).or_default() += 1;
+            *v.reads
+                .entry(format!("{:?} (no answer)", read.kind))
+                .or_default() += 1;
             if matches!(read.answer, Answer::TimedOut) {
                 v.violation(format!("read hung past its deadline: {read:?}"));
             }
@@ -750,7 +784,12 @@ fn check_reads(ledger: &Ledger, db: &DbState, v: &mut Verdict) {
         *v.reads
             .entry(format!("{:?} {}", read.kind, r.label()))
             .or_default() += 1;
-        let ctx = || format!("{:?} {} -> {} {}", read.kind, read.intent.key, r.status, r.text);
+        let ctx = || {
+            format!(
+                "{:?} {} -> {} {}",
+                read.kind, read.intent.key, r.status, r.text
+            )
+        };
         if r.status == 503 {
             continue;
         }
@@ -763,15 +802,20 @@ fn check_reads(ledger: &Ledger, db: &DbState, v: &mut Verdict) {
             ReadKind::KeyStatus => match r.status {
                 200 => {
                     let rec = db.records.get(&scope_of(&read.intent));
-                    let order = json["order_id"].as_str().and_then(|s| Uuid::parse_str(s).ok());
+                    let order = json["order_id"]
+                        .as_str()
+                        .and_then(|s| Uuid::parse_str(s).ok());
                     match rec {
                         Some(rec) if rec.order_id == order => {}
-                        other => v.violation(format!("key status disagrees with {other:?}: {}", ctx())),
+                        other => {
+                            v.violation(format!("key status disagrees with {other:?}: {}", ctx()))
+                        }
                     }
                     if !matches!(json["state"].as_str(), Some("completed" | "expired")) {
                         v.violation(format!("key status state: {}", ctx()));
                     }
-                    if r.text.contains(&read.intent.recipient) || r.text.contains(&read.intent.item) {
+                    if r.text.contains(&read.intent.recipient) || r.text.contains(&read.intent.item)
+                    {
                         v.violation(format!("key status shows the body: {}", ctx()));
                     }
                 }
@@ -855,26 +899,46 @@ impl Monitor {
     }
 }
 
-fn compare(before: &HashMap<Scope, Record>, now: &HashMap<Scope, Record>, report: &mut MonitorReport) {
+fn compare(
+    before: &HashMap<Scope, Record>,
+    now: &HashMap<Scope, Record>,
+    report: &mut MonitorReport,
+) {
     for (scope, rec) in now {
         if rec.expired && !rec.body_null {
-            report.violations.push(format!("tombstone with a body: {scope:?}"));
+            report
+                .violations
+                .push(format!("tombstone with a body: {scope:?}"));
         }
     }
     for (scope, old) in before {
         let Some(new) = now.get(scope) else {
-            report.violations.push(format!("record deleted (key reopened): {scope:?}"));
-            continue;
-        };
-        if (&old.fingerprint, old.status, old.order_id, old.created_at, old.deadline)
-            != (&new.fingerprint, new.status, new.order_id, new.created_at, new.deadline)
-        {
             report
                 .violations
-                .push(format!("record identity changed: {scope:?}: {old:?} -> {new:?}"));
+                .push(format!("record deleted (key reopened): {scope:?}"));
+            continue;
+        };
+        if (
+            &old.fingerprint,
+            old.status,
+            old.order_id,
+            old.created_at,
+            old.deadline,
+        ) != (
+            &new.fingerprint,
+            new.status,
+            new.order_id,
+            new.created_at,
+            new.deadline,
+        ) {
+            report.violations.push(format!(
+                "record identity changed: {scope:?}: {old:?} -> {new:?}"
+            ));
         }
         if old.expired && !new.expired {
-            report.violations.push(format!("tombstone came back to life: {scope:?}"));
+            report
+                .violations
+                .push(format!("tombstone came back to life: {scope:?}"));
         }
         if !old.expired && new.expired {
             report.seen_crossing += 1;

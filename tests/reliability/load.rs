@@ -116,6 +116,14 @@ impl Api {
         }
     }
 
+    /// A sent request's result, read whole.
+    pub async fn answer_of(result: Result<reqwest::Response, reqwest::Error>) -> Answer {
+        answer(match result {
+            Ok(response) => Reply::read(response).await,
+            Err(e) => Err(e),
+        })
+    }
+
     /// `POST /v1/orders`, read whole.
     pub async fn post(&self, who: Who, key: &str, body: String) -> Answer {
         let result = self
@@ -371,7 +379,9 @@ impl Client {
             let sent_at = SystemTime::now();
             let body = intent.body(self.rng.next());
             if self.rng.below(2) == 0 {
-                self.api.post_and_vanish(intent.who, &intent.key, &body).await;
+                self.api
+                    .post_and_vanish(intent.who, &intent.key, &body)
+                    .await;
             } else {
                 let after = Duration::from_millis(self.rng.below(8));
                 self.api
@@ -380,17 +390,23 @@ impl Client {
             }
             self.record(Kind::Dropped, &intent, sent_at, Answer::Dropped);
         } else if take(m.changed) {
-            let Some(mut intent) = self.pick() else { return };
+            let Some(mut intent) = self.pick() else {
+                return;
+            };
             intent.amount_minor += 1 + self.rng.below(100) as i64;
             self.send(Kind::ChangedAmount, &intent).await;
         } else if take(m.duplicate_same) {
-            let Some(mut intent) = self.pick() else { return };
+            let Some(mut intent) = self.pick() else {
+                return;
+            };
             self.counter += 1;
             intent.key = format!("k-{}-{}-{}-dup", self.tag, self.id, self.counter);
             self.remember(&intent);
             self.send(Kind::DuplicateSame, &intent).await;
         } else if take(m.duplicate_other) {
-            let Some(mut intent) = self.pick() else { return };
+            let Some(mut intent) = self.pick() else {
+                return;
+            };
             self.counter += 1;
             intent.key = format!("k-{}-{}-{}-other", self.tag, self.id, self.counter);
             // Another principal of the same tenant, or other parameters.

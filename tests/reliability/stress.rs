@@ -41,7 +41,10 @@ async fn stress_with_invariants_against_the_real_daemon() {
             .set("cleanup", "lock_timeout", "\"500ms\""),
     )
     .await;
-    let monitor = Monitor::start(connect(&db.url, "monitor").await, Duration::from_millis(500));
+    let monitor = Monitor::start(
+        connect(&db.url, "monitor").await,
+        Duration::from_millis(500),
+    );
     let api = Api::new(&daemon.api, Duration::from_secs(15));
     let ledger = Arc::new(Ledger::default());
     let pool = Default::default();
@@ -105,6 +108,9 @@ async fn stress_with_invariants_against_the_real_daemon() {
         "422 approval-limit-exceeded",
         "422 approval-limit-exceeded replay",
     ] {
-        assert!(verdict.outcome(label) > 0, "no `{label}` answer:\n{figures}");
+        assert!(
+            verdict.outcome(label) > 0,
+            "no `{label}` answer:\n{figures}"
+        );
     }
 }
