@@ -78,7 +78,10 @@ fuzz_target!(|data: &[u8]| {
     sorted.sort();
     assert_eq!(keys, sorted);
     assert_eq!(serde_jcs_round_trip(&value), canonical);
-    assert_eq!(object["amount_minor"], json!(order.amount_minor.to_string()));
+    assert_eq!(
+        object["amount_minor"],
+        json!(order.amount_minor.to_string())
+    );
     assert_eq!(object["request_id"], json!(order.request_id));
 
     // The same intent, spelled otherwise: the same fingerprint.

@@ -421,8 +421,14 @@ impl Verdict {
     pub fn assert_clean(&self) {
         if !self.violations.is_empty() {
             let shown: Vec<&String> = self.violations.iter().take(40).collect();
+            let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+            for v in &self.violations {
+                *kinds
+                    .entry(v.split([':', '(']).next().unwrap_or(v))
+                    .or_default() += 1;
+            }
             panic!(
-                "{} invariant violation(s):\n{}",
+                "{} invariant violation(s), by kind: {kinds:#?}\nthe first ones:\n{}",
                 self.violations.len(),
                 shown
                     .iter()
@@ -868,15 +874,12 @@ impl Monitor {
             let mut known: HashMap<Scope, Record> = HashMap::new();
             loop {
                 let cancelled = token.is_cancelled();
-                match client.query(RECORDS, &[]).await {
-                    Ok(rows) => {
-                        report.snapshots += 1;
-                        let now: HashMap<Scope, Record> = rows.iter().map(record_of).collect();
-                        compare(&known, &now, &mut report);
-                        known = now;
-                    }
-                    // The database may be down during a fault; the next snapshot compares.
-                    Err(_) => {}
+                // A failed snapshot (the database restarting) is skipped; the next one compares.
+                if let Ok(rows) = client.query(RECORDS, &[]).await {
+                    report.snapshots += 1;
+                    let now: HashMap<Scope, Record> = rows.iter().map(record_of).collect();
+                    compare(&known, &now, &mut report);
+                    known = now;
                 }
                 if cancelled {
                     break;
