@@ -164,6 +164,8 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours only for a person at a terminal, never into journald or a log file.
@@ -172,9 +174,22 @@ fn init_logging(format: LogFormat) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.finish().with(driver_cap()).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .finish()
+            .with(driver_cap())
+            .init(),
     }
+}
+
+/// tokio-postgres logs every statement's parameters at debug level (idempotency keys, request
+/// fields, metadata): its events above `info` never reach the log, whatever RUST_LOG says.
+fn driver_cap<S: tracing::Subscriber>() -> impl tracing_subscriber::Layer<S> {
+    tracing_subscriber::filter::filter_fn(|meta| {
+        !(meta.target().starts_with("tokio_postgres") && *meta.level() > tracing::Level::INFO)
+    })
 }
 
 /// Classifies a failure into the documented exit status by the typed errors in its chain.

@@ -136,6 +136,9 @@ pub struct ThrowawayCluster {
     port: u16,
     owner: Option<String>,
     library_path: Option<PathBuf>,
+    /// The server options of the first start (port, listen address, socket directory,
+    /// settings), for [`Self::start_server`]: `pg_ctl start` does not remember them.
+    server_options: String,
     supervisor: Child,
     keepalive: Option<ChildStdin>,
 }
@@ -196,7 +199,7 @@ impl ThrowawayCluster {
         let mut env = vec![
             ("PGBIN".to_owned(), bin_dir.display().to_string()),
             ("PGPORT".to_owned(), port.to_string()),
-            ("PGSETTINGS".to_owned(), settings),
+            ("PGSETTINGS".to_owned(), settings.clone()),
             ("TMPDIR".to_owned(), "/tmp".to_owned()),
         ];
         if let Some(lib) = &library_path {
@@ -217,7 +220,7 @@ impl ThrowawayCluster {
         if let Some(stdout) = supervisor.stdout.take() {
             let _ = BufReader::new(stdout).read_line(&mut line);
         }
-        let Some(dir) = line.trim().strip_prefix("ready ") else {
+        let Some(dir) = line.trim().strip_prefix("ready ").map(str::to_owned) else {
             let mut output = String::new();
             if let Some(mut stderr) = supervisor.stderr.take() {
                 let _ = stderr.read_to_string(&mut output);
@@ -225,12 +228,15 @@ impl ThrowawayCluster {
             let _ = supervisor.wait();
             return Err(ClusterError::Start { output });
         };
+        // The same options the supervisor script passed to the first `pg_ctl start`.
+        let server_options = format!("-p {port} -c listen_addresses=127.0.0.1 -k {dir} {settings}");
         Ok(Self {
             bin_dir: bin_dir.to_owned(),
             dir: PathBuf::from(dir),
             port,
             owner,
             library_path,
+            server_options,
             supervisor,
             keepalive,
         })
@@ -271,9 +277,10 @@ impl ThrowawayCluster {
         self.pg_ctl("stop", &["-m", "fast"])
     }
 
-    /// Starts the server again after [`Self::stop_server`].
+    /// Starts the server again after [`Self::stop_server`], on the same port and socket
+    /// directory with the same settings (`pg_ctl start` alone would use the defaults: port 5432).
     pub fn start_server(&self) -> Result<(), ClusterError> {
-        self.pg_ctl("start", &[])
+        self.pg_ctl("start", &["-o", &self.server_options])
     }
 
     /// A command that runs `program` (from the cluster's bin dir when it is there) as the

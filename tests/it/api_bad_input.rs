@@ -343,3 +343,119 @@ async fn sql_injection_strings_are_inert_data() {
         "every table still there, one row each"
     );
 }
+
+/// Sends one request as raw bytes (headers the HTTP client libraries refuse to send) and returns
+/// the status line and the whole response text.
+async fn raw_request(api: &TestApi, head_lines: &[u8], body: &[u8]) -> String {
+    let address = api.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut request = format!(
+        "POST /v1/orders HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {ALICE}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(head_lines);
+    request.extend_from_slice(b"\r\n");
+    request.extend_from_slice(body);
+    socket.write_all(&request).await.unwrap();
+    let mut response = Vec::new();
+    let _ = socket.read_to_end(&mut response).await;
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+#[tokio::test]
+async fn control_characters_nul_and_raw_non_ascii_bytes_in_the_key_consume_nothing() {
+    let api = TestApi::start().await;
+    let body = order("req-raw").to_string();
+    // Control characters never reach a handler: the HTTP parser refuses the header (a bare
+    // 400). Bytes >= 0x80 are legal in a header value, so they reach the key check.
+    const PARSER: Option<&str> = None;
+    const KEY_CHECK: Option<&str> = Some("invalid-idempotency-key");
+    for (name, key, problem) in [
+        ("NUL", &b"a\x00b"[..], PARSER),
+        ("SOH", b"a\x01b", PARSER),
+        ("ESC", b"a\x1bb", PARSER),
+        ("bare CR", b"a\rb", PARSER),
+        ("DEL", b"a\x7fb", PARSER),
+        ("Latin-1 byte", b"cl\xe9", KEY_CHECK),
+        ("UTF-8", "clé-🔑".as_bytes(), KEY_CHECK),
+    ] {
+        let mut line = b"Idempotency-Key: ".to_vec();
+        line.extend_from_slice(key);
+        line.extend_from_slice(b"\r\n");
+        let response = raw_request(&api, &line, body.as_bytes()).await;
+        assert!(response.starts_with("HTTP/1.1 400 "), "{name}: {response}");
+        match problem {
+            Some(p) => assert!(response.contains(p), "{name}: {response}"),
+            None => assert!(!response.contains("problem+json"), "{name}: {response}"),
+        }
+    }
+    assert_eq!(api.counts().await, (0, 0, 0), "no row left behind");
+    api.post(ALICE, "a-b", &order("req-raw")).await.expect(201);
+}
+
+#[tokio::test]
+async fn bad_keys_in_the_key_status_path_are_400_and_other_bad_paths_404() {
+    let api = TestApi::start().await;
+    for (path, status, problem) in [
+        ("/v1/idempotency-keys/a%00b", 400, "invalid-idempotency-key"),
+        ("/v1/idempotency-keys/a%0Ab", 400, "invalid-idempotency-key"),
+        ("/v1/idempotency-keys/a%7Fb", 400, "invalid-idempotency-key"),
+        (
+            "/v1/idempotency-keys/cl%C3%A9",
+            400,
+            "invalid-idempotency-key",
+        ),
+        (
+            "/v1/idempotency-keys/%FF%FE",
+            400,
+            "invalid-idempotency-key",
+        ),
+        ("/v1/orders/%00", 404, "order-not-found"),
+        (
+            "/v1/orders/00000000-0000-0000-0000-000000000000'%20OR%201=1--",
+            404,
+            "order-not-found",
+        ),
+    ] {
+        let r = api.get(Some(ALICE), path).await;
+        assert_eq!(r.status, status, "{path}: {}", r.text);
+        assert_eq!(r.problem(), problem, "{path}");
+    }
+    let long = format!("/v1/idempotency-keys/{}", "k".repeat(10_000));
+    let r = api.get(Some(ALICE), &long).await;
+    r.expect(400);
+    assert_eq!(r.problem(), "invalid-idempotency-key");
+}
+
+#[tokio::test]
+async fn amounts_beyond_i64_or_the_length_limit_are_refused_as_fields() {
+    let api = TestApi::start().await;
+    for amount in [
+        "92233720368547758.08", // i64::MAX + 1 minor units
+        "99999999999999999999999999999999999999",
+        &format!("1{}", "0".repeat(40)),
+        "1.",
+        ".5",
+        "+1",
+        " 1",
+        "1,00",
+        "١٠٠", // Arabic-Indic digits
+    ] {
+        let mut body = order("req-big");
+        body["amount"] = json!(amount);
+        let r = api.post(ALICE, KEY, &body).await;
+        r.expect(400);
+        assert_eq!(r.problem(), "validation-failed", "{amount}");
+    }
+    let mut max = order("req-max");
+    max.as_object_mut().unwrap().remove("amount");
+    max["amount_minor"] = json!(i64::MAX);
+    // Accepted as input; over alice's approval limit, which is the stored outcome of the key.
+    let r = api.post(ALICE, "key-max", &max).await;
+    r.expect(422);
+    assert_eq!(r.problem(), "approval-limit-exceeded");
+    assert_eq!(api.counts().await, (1, 0, 0));
+    api.post(ALICE, KEY, &order("req-big")).await.expect(201);
+}

@@ -15,3 +15,4 @@ mod ops_support;
 mod prometheus;
 mod scheduler;
 mod schema;
+mod security;
