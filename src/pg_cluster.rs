@@ -136,6 +136,9 @@ pub struct ThrowawayCluster {
     port: u16,
     owner: Option<String>,
     library_path: Option<PathBuf>,
+    /// The `postgres` options the supervisor started the server with (port, loopback, socket
+    /// directory, settings): `pg_ctl start` needs them again, only `restart` remembers them.
+    server_options: String,
     supervisor: Child,
     keepalive: Option<ChildStdin>,
 }
@@ -196,7 +199,7 @@ impl ThrowawayCluster {
         let mut env = vec![
             ("PGBIN".to_owned(), bin_dir.display().to_string()),
             ("PGPORT".to_owned(), port.to_string()),
-            ("PGSETTINGS".to_owned(), settings),
+            ("PGSETTINGS".to_owned(), settings.clone()),
             ("TMPDIR".to_owned(), "/tmp".to_owned()),
         ];
         if let Some(lib) = &library_path {
@@ -225,12 +228,14 @@ impl ThrowawayCluster {
             let _ = supervisor.wait();
             return Err(ClusterError::Start { output });
         };
+        let server_options = format!("-p {port} -c listen_addresses=127.0.0.1 -k {dir} {settings}");
         Ok(Self {
             bin_dir: bin_dir.to_owned(),
             dir: PathBuf::from(dir),
             port,
             owner,
             library_path,
+            server_options,
             supervisor,
             keepalive,
         })
@@ -271,9 +276,10 @@ impl ThrowawayCluster {
         self.pg_ctl("stop", &["-m", "fast"])
     }
 
-    /// Starts the server again after [`Self::stop_server`].
+    /// Starts the server again after [`Self::stop_server`], on the same port with the same
+    /// settings.
     pub fn start_server(&self) -> Result<(), ClusterError> {
-        self.pg_ctl("start", &[])
+        self.pg_ctl("start", &["-o", &self.server_options])
     }
 
     /// A command that runs `program` (from the cluster's bin dir when it is there) as the

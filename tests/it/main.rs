@@ -9,6 +9,8 @@ mod api_openapi;
 mod api_support;
 mod cleanup;
 mod cleanup_support;
+mod daemon;
+mod daemon_support;
 mod harness;
 mod ops_server;
 mod ops_support;
