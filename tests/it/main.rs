@@ -11,6 +11,7 @@ mod cleanup;
 mod cleanup_support;
 mod daemon;
 mod daemon_support;
+mod demo;
 mod harness;
 mod ops_server;
 mod ops_support;
