@@ -258,10 +258,14 @@ enum Unhealthy {
     #[error("the cleanup scheduler has stopped")]
     SchedulerStopped,
     /// The scheduler loop stopped beating while it waited for a fire time.
-    #[error("the cleanup scheduler loop has not reported for {0:?}")]
+    #[error("the cleanup scheduler loop has not reported for {:.1} s", .0.as_secs_f64())]
     SchedulerStalled(Duration),
     /// A run has gone on longer than its own bounds allow.
-    #[error("the cleanup run has gone on for {elapsed:?}, past its bound of {bound:?}")]
+    #[error(
+        "the cleanup run has gone on for {:.0} s, past its bound of {:.0} s",
+        .elapsed.as_secs_f64(),
+        .bound.as_secs_f64()
+    )]
     RunStuck {
         /// How long it has been running.
         elapsed: Duration,
@@ -270,7 +274,9 @@ enum Unhealthy {
     },
     /// No readiness check has succeeded for longer than the tolerance.
     #[error(
-        "the database has not answered a readiness check for {silent:?} (tolerance {tolerance:?})"
+        "the database has not answered a readiness check for {:.1} s (tolerance {:.0} s)",
+        .silent.as_secs_f64(),
+        .tolerance.as_secs_f64()
     )]
     DatabaseOutage {
         /// Since the last successful check (or the start).
@@ -578,6 +584,18 @@ mod tests {
                 elapsed: bound,
                 bound
             })
+        );
+    }
+
+    #[test]
+    fn reasons_read_in_seconds() {
+        let outage = Unhealthy::DatabaseOutage {
+            silent: Duration::from_millis(10_234),
+            tolerance: 10 * SECOND,
+        };
+        assert_eq!(
+            outage.to_string(),
+            "the database has not answered a readiness check for 10.2 s (tolerance 10 s)"
         );
     }
 

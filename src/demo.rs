@@ -99,7 +99,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
     let workdir_path = workdir.path().to_owned();
     drop(workdir);
     match story {
-        Err(e) if e.is::<Interrupted>() => return Ok(Exit::Interrupted),
+        Err(e) if e.is::<Interrupted>() => {
+            out.done("Interrupted: the daemon is stopped, the cluster and the files are removed.");
+            return Ok(Exit::Interrupted);
+        }
         Err(e) => return Err(e),
         Ok(()) => {}
     }
@@ -408,6 +411,9 @@ impl Daemon {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::from(log_file))
+                // Its own process group: Ctrl-C at the terminal reaches the demo, which then
+                // stops the daemon with one SIGTERM (a second signal would cut its drain short).
+                .process_group(0)
                 .kill_on_drop(true); // a failed demo never leaves the daemon behind
             scrub_env(&mut command);
             let child = command.spawn().context("cannot start tombstoned serve")?;

@@ -236,8 +236,10 @@ async fn watchdog_rides_out_a_short_database_outage_withholds_pings_in_a_long_on
         );
     }
     let rode_out = last_ping - down_at;
+    // The last good check was at most ~2 s before `down_at` (stop, refresh, cache); pings stop
+    // 10 s after it. Shorter would mean the outage was not ridden out, longer that it never ends.
     assert!(
-        rode_out >= Duration::from_secs(7) && rode_out <= Duration::from_secs(12),
+        rode_out >= Duration::from_secs(5) && rode_out <= Duration::from_secs(13),
         "pings stopped {rode_out:?} into the outage (tolerance 10 s)"
     );
     daemon
