@@ -132,7 +132,13 @@ pub fn main() -> ExitCode {
             };
         }
     };
-    init_logging(cli.log_format);
+    // The demo's story is on stdout; its own logs (migrations applied, ...) would interleave.
+    let default_level = if matches!(cli.command, Command::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    };
+    init_logging(cli.log_format, default_level);
     match run(cli) {
         Ok(exit) => exit.into(),
         Err(e) => {
@@ -163,11 +169,11 @@ fn one_line(e: &anyhow::Error) -> String {
     parts.join(": ").replace('\n', " ")
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default_level: &str) {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     // Colours only for a person at a terminal, never into journald or a log file.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -203,6 +203,12 @@ impl Notifier {
         self.inner.target.is_some()
     }
 
+    /// The watchdog timeout (`WATCHDOG_USEC`, systemd's `WatchdogSec=`); `None` when the service
+    /// has no watchdog (or it is meant for another process).
+    pub fn watchdog_timeout(&self) -> Option<Duration> {
+        self.inner.watchdog_timeout
+    }
+
     /// How often to send `WATCHDOG=1`: half of `WATCHDOG_USEC`, as sd_watchdog_enabled(3)
     /// advises; `None` when the service has no watchdog (or it is meant for another process).
     pub fn watchdog_interval(&self) -> Option<Duration> {

@@ -1,5 +1,6 @@
-//! A real Prometheus server scrapes a metrics listener running in this test, and
-//! `tombstoned_cleanup_rows_tombstoned_total` is read back through Prometheus's HTTP query API.
+//! A real Prometheus server scrapes a metrics listener running in this test, a real cleanup run
+//! tombstones records, and `tombstoned_cleanup_rows_tombstoned_total` is read back through
+//! Prometheus's HTTP query API.
 //! The server runs the shipped `config/prometheus/prometheus.yml` (targets and intervals
 //! rewritten for the test), so the sample scrape configuration and the alerting rules are loaded
 //! and evaluated by the real thing, against real series.
@@ -12,9 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tombstoned::cleanup::{self, RunLimits};
 use tombstoned::metrics::Metrics;
 use tombstoned::ops_server::OpsState;
 
+use crate::cleanup_support::{counts, seed_live, DUE, NOT_DUE};
 use crate::harness::TestDb;
 use crate::ops_support::{free_port, fresh_probe, prometheus_tool, repo_root, RunningOps};
 
@@ -177,7 +181,7 @@ fn shipped_alert_names() -> BTreeSet<String> {
 }
 
 #[tokio::test]
-async fn a_real_prometheus_scrapes_the_counter_and_loads_the_alerting_rules() {
+async fn a_real_prometheus_reads_a_cleanup_runs_counter_and_loads_the_alerting_rules() {
     let binary = prometheus_tool("prometheus"); // first: a missing tool fails here, with advice
     let db = TestDb::new().await;
     let metrics = Arc::new(Metrics::new().unwrap());
@@ -194,9 +198,30 @@ async fn a_real_prometheus_scrapes_the_counter_and_loads_the_alerting_rules() {
     let counter = "tombstoned_cleanup_rows_tombstoned_total{job=\"tombstoned\"}";
     prometheus.wait_for_value(counter, "0").await;
 
-    // Stands in for a cleanup run tombstoning 7 rows.
-    metrics.cleanup_rows_tombstoned.inc_by(7);
+    // A real cleanup run, feeding the metrics the listener serves, tombstones 7 due records.
+    let client = db.client().await;
+    seed_live(&client, "due", 7, DUE).await;
+    seed_live(&client, "later", 3, NOT_DUE).await;
+    let config = db.config();
+    let report = cleanup::run_once(
+        &config.database,
+        &config.cleanup,
+        &config.retention,
+        RunLimits::default(),
+        &CancellationToken::new(),
+        Some(&metrics),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.rows_tombstoned, 7);
+    assert_eq!(counts(&client).await, (7, 3));
     prometheus.wait_for_value(counter, "7").await;
+    prometheus
+        .wait_for_value(
+            "tombstoned_cleanup_runs_total{job=\"tombstoned\",outcome=\"success\"}",
+            "1",
+        )
+        .await;
 
     // Every shipped alert is loaded, and once evaluated against these real series none errs.
     let expected = shipped_alert_names();

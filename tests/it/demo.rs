@@ -1,0 +1,150 @@
+//! `tombstoned demo` end to end (the debug binary): the story's real status codes, exit 0, and
+//! nothing left behind — no cluster or configuration directory, no process, no listener.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::harness::binary;
+
+/// The text after `prefix` up to the next character in `stop` (or the end of the line).
+fn field<'a>(stdout: &'a str, prefix: &str, stop: &[char]) -> &'a str {
+    let start = stdout
+        .find(prefix)
+        .unwrap_or_else(|| panic!("no {prefix:?} in:\n{stdout}"))
+        + prefix.len();
+    let rest = &stdout[start..];
+    let end = rest
+        .find(|c: char| c == '\n' || stop.contains(&c))
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+fn demo_command() -> Command {
+    let mut command = Command::new(binary());
+    command
+        .arg("demo")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    // The PostgreSQL 18 run points the harness (and so the demo) at other binaries.
+    if let Some(bin) = std::env::var_os("TOMBSTONED_PG_BIN") {
+        command.env("TOMBSTONED_PG_BIN", bin);
+    }
+    command
+}
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(needle))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_demo_tells_the_story_with_real_status_codes_and_leaves_nothing_behind() {
+    let started = Instant::now();
+    let output = tokio::task::spawn_blocking(|| demo_command().output().unwrap())
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    assert!(took < Duration::from_secs(60), "the demo took {took:?}");
+    eprintln!("tombstoned demo took {took:?}");
+
+    let request_id = field(&stdout, "orders for ", &[':']);
+    for expected in [
+        "[1/10] A throwaway PostgreSQL cluster",
+        "schema tombstoned migrated: V1__initial_schema",
+        "-> 201 Created  Location: /v1/orders/",
+        "-> 201 Created  Idempotent-Replayed: true  (body identical to the first answer's",
+        "-> 422 Unprocessable Entity  idempotency-key-reused",
+        "| dry run at cutoff",
+        "|   rows due          0 (0 batches of 1000)",
+        "|   live records      1",
+        "completed: a retry replays",
+        "expired and tombstoned at",
+        "-> 410 Gone  replay-window-expired  order_url: /v1/orders/",
+        &format!("-> 200; orders for {request_id}: 1"),
+        "|   \"state\": \"expired\",",
+        "| tombstoned_claims_total{outcome=\"created\"} 1",
+        "| tombstoned_claims_total{outcome=\"replayed\"} 1",
+        "| tombstoned_claims_total{outcome=\"key_reused\"} 1",
+        "| tombstoned_claims_total{outcome=\"expired\"} 1",
+        "| tombstoned_cleanup_rows_tombstoned_total 1",
+        "| tombstoned_cleanup_runs_total{outcome=\"success\"}",
+        "Done in ",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} missing:\n{stdout}");
+    }
+    // The key status never shows a body, and the order's URL is the one the 201 gave.
+    let location = field(&stdout, "201 Created  Location: ", &[' ']);
+    assert_eq!(field(&stdout, "order_url: ", &[' ']), location);
+    assert!(!stdout.contains("\"response_body\""));
+
+    // Nothing left: directories, processes, listeners.
+    let cluster_dir = field(&stdout, "data in ", &[' ']);
+    let workdir = field(&stdout, "config ", &[':']);
+    let workdir = Path::new(workdir).parent().unwrap();
+    assert!(
+        cluster_dir.starts_with("/tmp/tombstoned-pg."),
+        "{cluster_dir}"
+    );
+    assert!(
+        !Path::new(cluster_dir).exists(),
+        "{cluster_dir} left behind"
+    );
+    assert!(!workdir.exists(), "{} left behind", workdir.display());
+    let daemon_pid = field(&stdout, "pid ", &[';']);
+    assert!(
+        !Path::new("/proc").join(daemon_pid).exists(),
+        "the daemon ({daemon_pid}) is still running"
+    );
+    for needle in [cluster_dir, workdir.to_str().unwrap()] {
+        assert_eq!(processes_mentioning(needle), Vec::<String>::new());
+    }
+    let ports = [
+        field(&stdout, "PostgreSQL on 127.0.0.1:", &[' ']),
+        field(&stdout, "API on http://127.0.0.1:", &[',']),
+        field(&stdout, "metrics on http://127.0.0.1:", &[' ']),
+    ];
+    for port in ports {
+        let port: u16 = port.parse().unwrap();
+        assert!(
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err(),
+            "something still listens on port {port}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_demo_without_postgresql_exits_69_saying_how_to_install_it() {
+    let output = tokio::task::spawn_blocking(|| {
+        demo_command()
+            .env("TOMBSTONED_PG_BIN", "/nonexistent")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "tombstoned: error: cannot start a throwaway PostgreSQL cluster: PostgreSQL server \
+             binaries not found"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("apt-get install postgresql"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
