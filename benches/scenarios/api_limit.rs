@@ -34,6 +34,8 @@ const ITEM: &str = "Ergonomic mesh office chair with adjustable lumbar support, 
 const QUANTITY: i32 = 2;
 const RECIPIENT: &str = "Customer 77 <customer77@example.com>";
 const METADATA: &str = r#"{"channel":"bench"}"#;
+/// How long exited backends take to be reaped (CPU accounting).
+const SETTLE: Duration = Duration::from_millis(1000);
 /// `api.claim_lock_timeout` (default) as the API sends it.
 const LOCK_TIMEOUT: &str = "2000ms";
 /// `retention.replay_window` (default 24 h) in microseconds, as the API sends it.
@@ -290,9 +292,17 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
             } else {
                 // pgbench has no warm-up option: a short run first, not counted.
                 pgbench::run(bench, &db, script, clients, warmup, &defines).await?;
+                // pgbench's backends exit after it; let the postmaster reap them, so their CPU
+                // lands in the sample it belongs to.
+                tokio::time::sleep(SETTLE).await;
                 let before = sample();
                 let r = pgbench::run(bench, &db, script, clients, duration, &defines).await?;
-                let spent = sample().since(&before);
+                let machine = sample().since(&before);
+                tokio::time::sleep(SETTLE).await;
+                let mut spent = sample().since(&before);
+                // The machine's idle share is that of the run, not of the wait after it.
+                spent.idle_fraction = machine.idle_fraction;
+                spent.machine_busy = machine.machine_busy;
                 eprintln!(
                     "  rep {rep} {workload:?} x{clients} pgbench  {:>7.0} tx/s, p99 {:>6.2} ms, failed {}, \
                      CPU µs/tx: postgres {:.0}, pgbench {:.0}; idle {:.0}%",

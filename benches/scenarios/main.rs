@@ -63,6 +63,10 @@ struct Args {
     /// default, 1000). For experiments; the reported run uses the default.
     #[arg(long, value_name = "N")]
     batch_size: Option<u32>,
+    /// The `tombstoned` binary under test (default: the release-profile build cargo makes for
+    /// this benchmark).
+    #[arg(long, value_name = "PATH")]
+    binary: Option<PathBuf>,
     /// Another `tombstoned` binary (e.g. a build of an earlier commit) to run in scenario 1 as a
     /// fourth approach, alternating with the others: what an engine change bought.
     #[arg(long, value_name = "PATH")]
@@ -410,7 +414,10 @@ async fn run(args: Args) -> Result<()> {
     );
     let mut bench = Bench {
         server,
-        binary: PathBuf::from(env!("CARGO_BIN_EXE_tombstoned")),
+        binary: args
+            .binary
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tombstoned"))),
         scale,
         batch_size: args.batch_size,
         daemon_env: args

@@ -83,11 +83,10 @@ impl Server {
                 let bin_dir = find_bin_dir().context("PostgreSQL server binaries")?;
                 let mut options = ClusterOptions::default();
                 for (name, value, _) in SETTINGS {
-                    if name.starts_with("pg_stat_statements") || *name == "shared_preload_libraries"
-                    {
-                        if !has_library(&bin_dir, "pg_stat_statements") {
-                            continue;
-                        }
+                    let needs_library = name.starts_with("pg_stat_statements")
+                        || *name == "shared_preload_libraries";
+                    if needs_library && !has_library(&bin_dir, "pg_stat_statements") {
+                        continue;
                     }
                     options = options.set(name, value);
                 }
