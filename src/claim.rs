@@ -45,9 +45,10 @@
 //! of the row happens while the share lock is held. The lock is taken only on a record whose
 //! replay window is still open — the only kind whose body is sent — and the cleaner only ever
 //! locks records whose window has closed (its cutoff is the database clock when its run began),
-//! so a replay never waits for a cleanup batch. A record past its window (or a tombstone) answers
-//! from columns that never change (fingerprint, order id), read without a lock by
-//! [`sql::READ_EXPIRED`] when the locking read finds nothing.
+//! so a replay waits for a cleanup batch only in the rare overlap where its transaction began just
+//! before the cleaner's cutoff (then it sees the tombstone). A record past its window (or a
+//! tombstone) answers from columns that never change (fingerprint, order id), read without a
+//! lock by [`sql::READ_EXPIRED`] when the locking read finds nothing.
 //!
 //! The replay transaction commits asynchronously: its only write is the transient lock marker
 //! (which is also what gives it a transaction id and a commit record), nothing durable depends
