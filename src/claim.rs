@@ -19,22 +19,41 @@
 //! the order id): the body depends only on the request and on `now()`, the transaction's start
 //! time, which is also the order's `created_at`. So claim, business write and stored response are
 //! one statement in one transaction; if any part fails (23505 on `orders_tenant_request_key`,
-//! 55P03 waiting for an in-flight owner) nothing of it remains. When the key already exists the
-//! claim returns no row and the CTEs insert nothing.
+//! 55P03 waiting for an in-flight owner) nothing of it remains.
 //!
-//! Zero rows → replay attempt, a new transaction (so a new snapshot, which sees the record the
-//! INSERT conflicted with):
+//! The statement first reads the key in its own snapshot, without a lock (the `existing` CTE).
+//! When the key is there, the INSERT inserts nothing — so it never waits on that record, for
+//! instance while a cleanup batch is tombstoning it — and the statement returns the record's
+//! fingerprint, order id and expiry instead: key reuse (422) and "expired" (410) are answered
+//! from those, which never change, in this one round trip. When the key is not in the snapshot
+//! the INSERT runs with `ON CONFLICT DO NOTHING`, exactly as the protocol says: it waits for an
+//! in-flight owner of the key (bounded by `lock_timeout`), and if that owner commits it returns
+//! no row and the CTEs insert nothing.
+//!
+//! A record inside its replay window, or no row at all → replay attempt, a new transaction (so a
+//! new snapshot, which sees the record the INSERT conflicted with):
 //!
 //! ```sql
 //! BEGIN ISOLATION LEVEL READ COMMITTED;
-//! SELECT set_config('lock_timeout', $1, true);
-//! <READ_FOR_REPLAY>                                  -- SELECT ... FOR SHARE
+//! SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'off', true);
+//! <READ_FOR_REPLAY>                                  -- SELECT ... FOR SHARE, window open only
 //! COMMIT;
 //! ```
 //!
 //! `FOR SHARE` conflicts with the cleaner's tombstoning UPDATE, so a replay that read the body
 //! finishes with it, and one that comes after the cleaner sees the tombstone. Nothing but the copy
-//! of the row happens while the share lock is held.
+//! of the row happens while the share lock is held. The lock is taken only on a record whose
+//! replay window is still open — the only kind whose body is sent — and the cleaner only ever
+//! locks records whose window has closed (its cutoff is the database clock when its run began),
+//! so a replay waits for a cleanup batch only in the rare overlap where its transaction began just
+//! before the cleaner's cutoff (then it sees the tombstone). A record past its window (or a
+//! tombstone) answers from columns that never change (fingerprint, order id), read without a
+//! lock by [`sql::READ_EXPIRED`] when the locking read finds nothing.
+//!
+//! The replay transaction commits asynchronously: its only write is the transient lock marker
+//! (which is also what gives it a transaction id and a commit record), nothing durable depends
+//! on it, and the body it sends was made durable by the owner's synchronous commit before any
+//! other transaction could see it. So a replay does not wait for a WAL flush.
 //!
 //! The response body is sent exactly as PostgreSQL returns `response_body::text`, so the first
 //! response and every replay are byte-for-byte identical.
@@ -99,6 +118,18 @@ macro_rules! order_json_sql {
     };
 }
 
+/// `WITH existing AS (...`: the claim statements' unlocked read of the record (see
+/// [`sql::EXISTING`]); the caller closes the parenthesis.
+macro_rules! existing_cte {
+    () => {
+        "WITH existing AS (
+    SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
+    FROM idempotency_records
+    WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
+"
+    };
+}
+
 /// Every statement of the protocol, by name. Parameters are positional (`$n`); the table in
 /// docs/api.md lists them. The benchmark's pgbench scripts copy these texts.
 pub mod sql {
@@ -118,20 +149,25 @@ pub mod sql {
     /// `$11` item, `$12` quantity, `$13` recipient, `$14` replay window in microseconds,
     /// `$15` new event id (uuid v7), `$16` metadata (jsonb or NULL).
     ///
-    /// Returns one row (`body`, `order_id`) to the owner, no row when the key exists.
+    /// Returns [`CLAIM_RESULT_COLUMNS`]: one row with `created` to the owner (`body`,
+    /// `order_id`); one row with `created = false` describing the record when the statement's
+    /// snapshot already holds the key (see [`EXISTING`]); no row when the key was committed by a
+    /// concurrent owner while this INSERT waited for it.
     pub const CLAIM_AND_CREATE: &str =
         concat!(
-        "WITH claim AS (\n",
+        existing_cte!(),
+        "), claim AS (\n",
         "    INSERT INTO idempotency_records\n",
         "        (tenant_id, principal_id, operation, idempotency_key, fingerprint,\n",
         "         status_code, response_body, order_id, replay_deadline)\n",
-        "    VALUES ($1, $2, $3, $4, $5, 201,\n        ",
+        "    SELECT $1, $2, $3, $4, $5::bytea, 201,\n        ",
         order_json_sql!(
             "$6::uuid", "$7::text", "$8::bigint", "$9::text", "$10::text", "$11::text",
             "$12::integer", "$13::text", "'created'", "now()"
         ),
         ",\n",
-        "        $6, now() + $14::bigint * interval '1 microsecond')\n",
+        "        $6::uuid, now() + $14::bigint * interval '1 microsecond'\n",
+        "    WHERE NOT EXISTS (SELECT FROM existing)\n",
         "    ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING\n",
         "    RETURNING order_id, response_body\n",
         "), new_order AS (\n",
@@ -147,7 +183,11 @@ pub mod sql {
         "                              'metadata', coalesce($16::jsonb, '{}'::jsonb))\n",
         "    FROM new_order CROSS JOIN claim\n",
         ")\n",
-        "SELECT response_body::text AS body, order_id FROM claim"
+        "SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,\n",
+        "       NULL::boolean AS expired, NULL::boolean AS past_deadline\n",
+        "FROM claim\n",
+        "UNION ALL\n",
+        "SELECT false, NULL, order_id, fingerprint, expired, past_deadline FROM existing"
     );
 
     /// Claim the key with a deterministic business rejection as its stored, terminal outcome
@@ -156,18 +196,55 @@ pub mod sql {
     /// `$1` tenant, `$2` principal, `$3` operation, `$4` key, `$5` fingerprint, `$6` status code
     /// (smallint), `$7` problem body (jsonb), `$8` replay window in microseconds.
     ///
-    /// Returns one row (`body`) to the owner, no row when the key exists.
-    pub const CLAIM_REJECTED: &str = "\
-INSERT INTO idempotency_records
-    (tenant_id, principal_id, operation, idempotency_key, fingerprint,
-     status_code, response_body, order_id, replay_deadline)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, NULL, now() + $8::bigint * interval '1 microsecond')
-ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
-RETURNING response_body::text AS body";
+    /// Returns [`CLAIM_RESULT_COLUMNS`] like [`CLAIM_AND_CREATE`] (`order_id` is NULL).
+    pub const CLAIM_REJECTED: &str = concat!(
+        existing_cte!(),
+        "), claim AS (
+    INSERT INTO idempotency_records
+        (tenant_id, principal_id, operation, idempotency_key, fingerprint,
+         status_code, response_body, order_id, replay_deadline)
+    SELECT $1, $2, $3, $4, $5::bytea, $6::smallint, $7::jsonb, NULL,
+           now() + $8::bigint * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT FROM existing)
+    ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
+    RETURNING order_id, response_body
+)
+SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,
+       NULL::boolean AS expired, NULL::boolean AS past_deadline
+FROM claim
+UNION ALL
+SELECT false, NULL, order_id, fingerprint, expired, past_deadline FROM existing"
+    );
 
-    /// The existing record, share-locked so the cleaner cannot tombstone it under the reader.
-    /// `past_deadline` uses the database clock: the replay window ends exactly at
-    /// `replay_deadline`, whether or not the cleaner has run yet.
+    /// The columns both claim statements return, in order.
+    pub const CLAIM_RESULT_COLUMNS: [&str; 6] = [
+        "created",
+        "body",
+        "order_id",
+        "fingerprint",
+        "expired",
+        "past_deadline",
+    ];
+
+    /// The `existing` part of both claim statements, for the documentation: the record as the
+    /// statement's snapshot sees it, read without a lock. When it is there, the INSERT inserts
+    /// nothing and so never waits on the record: not for a cleanup batch tombstoning it, not
+    /// for anyone else holding it. (A key committed by someone else after the snapshot is not
+    /// seen here; the INSERT then waits for that owner, as the protocol requires, and finds the
+    /// conflict.)
+    pub const EXISTING: &str = concat!(existing_cte!(), ")");
+
+    /// Starts the replay transaction's settings: `$1` = `api.claim_lock_timeout` like
+    /// [`SET_LOCK_TIMEOUT`], and asynchronous commit — the replay's only write is its transient
+    /// row-lock marker, so its COMMIT need not wait for a WAL flush (module docs).
+    pub const SET_REPLAY_SETTINGS: &str = "\
+SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'off', true)";
+
+    /// The existing record while its replay window is open, share-locked so the cleaner cannot
+    /// tombstone it under the reader. Records past their window are not returned (nor locked,
+    /// nor waited for): those are the ones the cleaner locks, and their answer needs no body —
+    /// [`READ_EXPIRED`] reads them. The window is judged on the database clock and ends exactly
+    /// at `replay_deadline`, whether or not the cleaner has run yet.
     ///
     /// `$1` tenant, `$2` principal, `$3` operation, `$4` key.
     pub const READ_FOR_REPLAY: &str = "\
@@ -175,7 +252,20 @@ SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
        replay_deadline <= now() AS past_deadline
 FROM idempotency_records
 WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
+  AND NOT expired AND replay_deadline > now()
 FOR SHARE";
+
+    /// When [`READ_FOR_REPLAY`] found nothing: the record as it is, without a lock (a plain
+    /// snapshot read never waits for the cleaner). It is past its window or a tombstone — the
+    /// answer is key reuse or "expired", from the fingerprint and the order id, which never
+    /// change — or it is gone (only a retention purge deletes records).
+    ///
+    /// `$1` tenant, `$2` principal, `$3` operation, `$4` key.
+    pub const READ_EXPIRED: &str = "\
+SELECT fingerprint, status_code, NULL::text AS body, order_id, expired,
+       replay_deadline <= now() AS past_deadline
+FROM idempotency_records
+WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
 
     /// Ends the transaction (a ROLLBACK when a statement in it failed).
     pub const COMMIT: &str = "COMMIT";
@@ -211,9 +301,11 @@ FOR SHARE";
 pub const STATEMENTS: &[(&str, &str)] = &[
     ("begin", sql::BEGIN),
     ("set_lock_timeout", sql::SET_LOCK_TIMEOUT),
+    ("set_replay_settings", sql::SET_REPLAY_SETTINGS),
     ("claim_and_create", sql::CLAIM_AND_CREATE),
     ("claim_rejected", sql::CLAIM_REJECTED),
     ("read_for_replay", sql::READ_FOR_REPLAY),
+    ("read_expired", sql::READ_EXPIRED),
     ("commit", sql::COMMIT),
     ("find_order_by_request_id", sql::FIND_ORDER_BY_REQUEST_ID),
 ];
@@ -400,7 +492,19 @@ async fn claim_on(
     let window = settings.replay_window_micros();
     for _ in 0..MAX_CLAIM_ATTEMPTS {
         match owner_attempt(client, &lock_timeout, window, req).await {
-            Ok(Some(row)) => return owned(row, req),
+            Ok(Some(row)) => {
+                let created: bool = row
+                    .try_get("created")
+                    .map_err(|e| ClaimError::Database(DbError::Query(e)))?;
+                if created {
+                    return owned(row, req);
+                }
+                // The key was already in the claim's snapshot, read without a lock: key reuse
+                // and "expired" are answered from it; a replay needs the body, read FOR SHARE.
+                if let Some(outcome) = without_body(&row, req)? {
+                    return Ok(outcome);
+                }
+            }
             Ok(None) => {}
             Err(failure) => {
                 let class = db::classify(&failure.error);
@@ -461,10 +565,14 @@ struct PipelineFailure {
 }
 
 /// The prepared statements of one attempt.
-async fn prepare(client: &ClientWrapper, main: &str) -> Result<[Statement; 4], PipelineFailure> {
+async fn prepare(
+    client: &ClientWrapper,
+    settings: &str,
+    main: &str,
+) -> Result<[Statement; 4], PipelineFailure> {
     let (begin, set, main, commit) = futures::try_join!(
         client.prepare_cached(sql::BEGIN),
-        client.prepare_cached(sql::SET_LOCK_TIMEOUT),
+        client.prepare_cached(settings),
         client.prepare_cached(main),
         client.prepare_cached(sql::COMMIT),
     )
@@ -472,16 +580,18 @@ async fn prepare(client: &ClientWrapper, main: &str) -> Result<[Statement; 4], P
     Ok([begin, set, main, commit])
 }
 
-/// Runs `BEGIN; set lock_timeout; <main>; COMMIT` as one pipeline (one round trip) and returns the
-/// main statement's rows. tokio-postgres sends a request when its future is first polled, and
-/// `join!(biased; ...)` polls in the order written, so the order on the wire is the order here.
+/// Runs `BEGIN; <settings>($1 = lock timeout); <main>; COMMIT` as one pipeline (one round trip)
+/// and returns the main statement's rows. tokio-postgres sends a request when its future is first
+/// polled, and `join!(biased; ...)` polls in the order written, so the order on the wire is the
+/// order here.
 async fn in_transaction(
     client: &ClientWrapper,
+    settings: &str,
     main: &str,
     lock_timeout: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Row>, PipelineFailure> {
-    let [begin, set, main, commit] = prepare(client, main).await?;
+    let [begin, set, main, commit] = prepare(client, settings, main).await?;
     let set_params: [&(dyn ToSql + Sync); 1] = [&lock_timeout];
     let (begin, set, main, commit) = tokio::join!(
         biased;
@@ -514,6 +624,7 @@ async fn owner_attempt(
             let currency = o.currency.code();
             in_transaction(
                 client,
+                sql::SET_LOCK_TIMEOUT,
                 sql::CLAIM_AND_CREATE,
                 lock_timeout,
                 &[
@@ -541,6 +652,7 @@ async fn owner_attempt(
             let status = i16::try_from(*status).unwrap_or(422);
             in_transaction(
                 client,
+                sql::SET_LOCK_TIMEOUT,
                 sql::CLAIM_REJECTED,
                 lock_timeout,
                 &[
@@ -583,39 +695,70 @@ async fn replay_attempt(
     lock_timeout: &str,
     req: &ClaimRequest,
 ) -> Result<Option<Row>, PipelineFailure> {
+    let key: [&(dyn ToSql + Sync); 4] = [
+        &req.tenant,
+        &req.principal,
+        &OPERATION_CREATE_ORDER,
+        &req.key,
+    ];
     let rows = in_transaction(
         client,
+        sql::SET_REPLAY_SETTINGS,
         sql::READ_FOR_REPLAY,
         lock_timeout,
-        &[
-            &req.tenant,
-            &req.principal,
-            &OPERATION_CREATE_ORDER,
-            &req.key,
-        ],
+        &key,
     )
     .await?;
-    Ok(rows.into_iter().next())
+    if let Some(row) = rows.into_iter().next() {
+        return Ok(Some(row));
+    }
+    // Past its window, a tombstone, or gone: read it without a lock (never waits for the
+    // cleaner, which only locks records past their window).
+    let failed = |error| PipelineFailure { error, sent: true };
+    let statement = client
+        .prepare_cached(sql::READ_EXPIRED)
+        .await
+        .map_err(|error| PipelineFailure { error, sent: false })?;
+    let row = client.query_opt(&statement, &key).await.map_err(failed)?;
+    Ok(row.filter(|row| {
+        // A record inside its window here was not returned by the locking read only if it was
+        // deleted and claimed anew in between (a retention purge): claim again.
+        let open = !row.try_get::<_, bool>("expired").unwrap_or(true)
+            && !row.try_get::<_, bool>("past_deadline").unwrap_or(true);
+        let same = row
+            .try_get::<_, &[u8]>("fingerprint")
+            .is_ok_and(|f| f == req.fingerprint.as_bytes());
+        !(open && same)
+    }))
 }
 
-/// The protocol's decision for an existing record.
-fn existing(row: &Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {
+/// The protocol's decision for an existing record when it needs no body: key reuse (checked
+/// first, so a changed intent never learns anything about the stored one, before or after
+/// expiry) and "expired". `None`: a replay, which needs the body.
+fn without_body(row: &Row, req: &ClaimRequest) -> Result<Option<ClaimOutcome>, ClaimError> {
     let get = |e| ClaimError::Database(DbError::Query(e));
     let fingerprint: &[u8] = row.try_get("fingerprint").map_err(get)?;
-    let status: Option<i16> = row.try_get("status_code").map_err(get)?;
-    let body: Option<String> = row.try_get("body").map_err(get)?;
     let order_id: Option<Uuid> = row.try_get("order_id").map_err(get)?;
     let expired: bool = row.try_get("expired").map_err(get)?;
     let past_deadline: bool = row.try_get("past_deadline").map_err(get)?;
-
-    // Key reuse is checked first: a changed intent never learns anything about the stored one,
-    // before or after expiry.
     if fingerprint != req.fingerprint.as_bytes() {
-        return Ok(ClaimOutcome::KeyReused);
+        return Ok(Some(ClaimOutcome::KeyReused));
     }
     if expired || past_deadline {
-        return Ok(ClaimOutcome::Expired { order_id });
+        return Ok(Some(ClaimOutcome::Expired { order_id }));
     }
+    Ok(None)
+}
+
+/// The protocol's decision for an existing record read by the replay transaction.
+fn existing(row: &Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {
+    if let Some(outcome) = without_body(row, req)? {
+        return Ok(outcome);
+    }
+    let get = |e| ClaimError::Database(DbError::Query(e));
+    let status: Option<i16> = row.try_get("status_code").map_err(get)?;
+    let body: Option<String> = row.try_get("body").map_err(get)?;
+    let order_id: Option<Uuid> = row.try_get("order_id").map_err(get)?;
     let status = status
         .and_then(|s| u16::try_from(s).ok())
         .ok_or(ClaimError::CorruptRecord("no status code"))?;
@@ -698,6 +841,18 @@ mod tests {
             ));
         }
         assert!(sql::READ_FOR_REPLAY.trim_end().ends_with("FOR SHARE"));
+        assert!(
+            !sql::READ_EXPIRED.contains("FOR "),
+            "the expired read takes no lock"
+        );
+    }
+
+    #[test]
+    fn only_the_replay_transaction_commits_asynchronously() {
+        // A claim's 201 must be durable before it is sent; a replay writes nothing durable.
+        assert!(sql::SET_REPLAY_SETTINGS.contains("'synchronous_commit', 'off'"));
+        assert!(!sql::SET_LOCK_TIMEOUT.contains("synchronous_commit"));
+        assert!(!sql::CLAIM_AND_CREATE.contains("synchronous_commit"));
     }
 
     #[test]

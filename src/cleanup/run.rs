@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 
@@ -242,14 +243,19 @@ async fn run_inner(
         .try_get(0)
         .map_err(CleanupError::query("reading the cutoff"))?;
 
-    // Prepared once: every batch then costs four round trips (BEGIN, settings, batch, COMMIT).
-    let batch_settings = client
-        .prepare(sql::BATCH_SETTINGS)
-        .await
-        .map_err(CleanupError::query("preparing the batch settings"))?;
+    // Prepared once: every batch is then one pipelined round trip (BEGIN, settings, batch,
+    // COMMIT).
+    let prepare = |text: &'static str| async move {
+        client
+            .prepare(text)
+            .await
+            .map_err(CleanupError::query("preparing the batch transaction"))
+    };
     let mut engine = Engine {
         client,
-        batch_settings,
+        begin: prepare(sql::BATCH_BEGIN).await?,
+        batch_settings: prepare(sql::BATCH_SETTINGS).await?,
+        commit: prepare(sql::BATCH_COMMIT).await?,
         cleanup,
         limits,
         shutdown,
@@ -428,7 +434,9 @@ enum BatchResult {
 
 struct Engine<'a> {
     client: &'a Client,
+    begin: Statement,
     batch_settings: Statement,
+    commit: Statement,
     cleanup: &'a CleanupConfig,
     limits: RunLimits,
     shutdown: &'a CancellationToken,
@@ -639,8 +647,12 @@ impl Engine<'_> {
         }
     }
 
-    /// BEGIN; SET LOCAL timeouts and join settings; the batch statement; COMMIT. Any failure
-    /// rolls the whole batch back before anything else runs on the session.
+    /// BEGIN; SET LOCAL timeouts and join settings; the batch statement; COMMIT — pipelined,
+    /// one round trip. The batch's row locks are released the moment its statement ends (the
+    /// COMMIT is already waiting at the server), not one client round trip later; that is the
+    /// lock hold a replay can meet. If any statement fails, the server skips the rest of the
+    /// transaction up to the COMMIT, which then ends it as a ROLLBACK: the batch applies whole
+    /// or not at all, and nothing else has run on the session in between.
     async fn transaction(
         &self,
         statement: &Statement,
@@ -650,44 +662,34 @@ impl Engine<'_> {
         let limit = i64::from(self.cleanup.batch_size);
         let from = pass.cursor();
         let to = pass.to();
-        // `Client::transaction` needs `&mut Client`; the engine shares the client, so the
-        // transaction is spelled out.
-        self.client
-            .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await?;
-        let body = async {
-            self.client
-                .query_one(
-                    &self.batch_settings,
-                    &[&self.lock_timeout, &self.statement_timeout],
-                )
-                .await?;
-            let row = self
-                .client
-                .query_one(statement, &[&bound, &from, &to, &limit])
-                .await?;
-            let picked: i64 = row.try_get(0)?;
-            let changed: i64 = row.try_get(1)?;
-            let last: Option<Key> = row.try_get(2)?;
-            let passed_over: i64 = if row.len() > 3 { row.try_get(3)? } else { 0 };
-            Ok::<_, tokio_postgres::Error>(BatchRows {
-                picked: u64::try_from(picked).unwrap_or(0),
-                changed: u64::try_from(changed).unwrap_or(0),
-                last,
-                passed_over: u64::try_from(passed_over).unwrap_or(0),
-            })
-        };
-        match body.await {
-            Ok(rows) => {
-                self.client.batch_execute("COMMIT").await?;
-                Ok(rows)
-            }
-            Err(e) => {
-                // On a dead connection this fails too; the original error is what matters.
-                let _ = self.client.batch_execute("ROLLBACK").await;
-                Err(DbError::Query(e))
-            }
-        }
+        let settings: [&(dyn ToSql + Sync); 2] = [&self.lock_timeout, &self.statement_timeout];
+        let params: [&(dyn ToSql + Sync); 4] = [&bound, &from, &to, &limit];
+        // tokio-postgres sends a request when its future is first polled; `biased` polls in the
+        // order written, so this is the order on the wire. Each request carries its own Sync, so
+        // an error in one does not swallow the COMMIT behind it.
+        let (begin, set, batch, commit) = tokio::join!(
+            biased;
+            self.client.execute(&self.begin, &[]),
+            self.client.query_one(&self.batch_settings, &settings),
+            self.client.query_one(statement, &params),
+            self.client.execute(&self.commit, &[]),
+        );
+        // The first failure in statement order is the cause; later ones only report the
+        // aborted transaction.
+        begin?;
+        set?;
+        let row = batch?;
+        commit?;
+        let picked: i64 = row.try_get(0)?;
+        let changed: i64 = row.try_get(1)?;
+        let last: Option<Key> = row.try_get(2)?;
+        let passed_over: i64 = if row.len() > 3 { row.try_get(3)? } else { 0 };
+        Ok(BatchRows {
+            picked: u64::try_from(picked).unwrap_or(0),
+            changed: u64::try_from(changed).unwrap_or(0),
+            last,
+            passed_over: u64::try_from(passed_over).unwrap_or(0),
+        })
     }
 }
 

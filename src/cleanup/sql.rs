@@ -29,6 +29,14 @@
 //!   correctness does not depend on it (another order could at worst deadlock, 40P01, and the
 //!   batch is retried).
 
+/// Opens a batch transaction; READ COMMITTED whatever the server's default (the re-check after
+/// a lock wait relies on it).
+pub const BATCH_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// Ends a batch transaction. Sent in the same pipeline as the batch: when a statement before it
+/// failed, it ends the aborted transaction as a ROLLBACK.
+pub const BATCH_COMMIT: &str = "COMMIT";
+
 /// Per batch transaction (`SET LOCAL` semantics: `is_local = true`): `$1` lock_timeout, `$2`
 /// statement_timeout (both in milliseconds).
 ///

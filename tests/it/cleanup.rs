@@ -470,13 +470,19 @@ async fn sigkill_mid_run_leaves_no_half_batch_and_the_next_run_completes() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
     let status = child.wait().await.unwrap();
     assert!(!status.success());
-    // The orphaned backend gets the row once the reader is done, finds its client gone and
-    // rolls back; the lease session ends with its socket.
+    // The orphaned backend gets the row once the reader is done. The batch's COMMIT was
+    // pipelined with it (one round trip per batch), so it is already in the server's input and
+    // batch 6 commits whole; had the kill come before the COMMIT was sent, the backend would
+    // find its client gone and roll batch 6 back whole. Never half of it. The lease session ends
+    // with its socket.
     reader.commit().await;
     wait_until_gone(&observer, "tombstoned/cleanup").await;
     wait_until_gone(&observer, "tombstoned/cleanup-lease").await;
     let (tombstones, _) = counts(&observer).await;
-    assert_eq!(tombstones, 50, "exactly the five committed batches");
+    assert!(
+        tombstones == 50 || tombstones == 60,
+        "five committed batches, and the sixth whole or not at all: {tombstones}"
+    );
     assert_eq!(tombstones % 10, 0, "a batch was half applied");
 
     let status = command(&db).status().await.unwrap();

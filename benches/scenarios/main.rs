@@ -1,0 +1,517 @@
+//! The benchmark (issue 6): every scenario against its baseline in the same run, on the same
+//! data and the same server settings; alternating repetitions, medians, ratios.
+//!
+//! ```text
+//! cargo bench --bench scenarios -- [--quick] [--only N[,N..]] [--reps N]
+//!                                  [--database-url URL] [--out PATH]
+//! ```
+//!
+//! 1. cleanup throughput (`tombstoned cleanup` vs one set-based UPDATE vs a job-queue loop),
+//! 2. cost follows the work (5M tombstones, 0.5 % of 1M live due),
+//! 3. replays over HTTP while the cleaner runs,
+//! 4. the API against pgbench running the same SQL transactions (`bench/pgbench/`),
+//! 5. storage per key and WAL per tombstoned row.
+//!
+//! It uses the release-profile `tombstoned` binary cargo builds for it (`CARGO_BIN_EXE_…`), starts
+//! a throwaway PostgreSQL with the settings in [`server::SETTINGS`] (or uses `--database-url`),
+//! and writes `target/bench/results.json`. BENCHMARKS.md explains the results.
+
+mod api_limit;
+mod cleanup;
+mod cpu;
+mod daemon;
+mod http_load;
+mod pgbench;
+mod pgbench_scripts;
+mod replays;
+mod report;
+mod seed;
+mod server;
+mod stats;
+mod storage;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _, Result};
+use clap::Parser;
+
+use report::ScenarioResult;
+use server::Server;
+
+/// Command line (after `cargo bench --bench scenarios --`).
+#[derive(Debug, Parser)]
+#[command(name = "scenarios", about = "tombstoned benchmarks (BENCHMARKS.md)")]
+struct Args {
+    /// Small scale, one repetition, targets reported but not gated (CI smoke test).
+    #[arg(long)]
+    quick: bool,
+    /// Run only these scenarios (1-5), e.g. `--only 1` or `--only 1,3`.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=5))]
+    only: Vec<u8>,
+    /// Repetitions per measurement (default 3, or 1 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
+    reps: Option<u32>,
+    /// Use this server instead of a throwaway cluster (its role must be able to create
+    /// databases; its settings are reported, not changed).
+    #[arg(long, value_name = "URL")]
+    database_url: Option<String>,
+    /// Where to write the JSON results.
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// Batch size for `tombstoned cleanup` and the job-queue loop (default: the product's
+    /// default, 1000). For experiments; the reported run uses the default.
+    #[arg(long, value_name = "N")]
+    batch_size: Option<u32>,
+    /// The `tombstoned` binary under test (default: the release-profile build cargo makes for
+    /// this benchmark).
+    #[arg(long, value_name = "PATH")]
+    binary: Option<PathBuf>,
+    /// Another `tombstoned` binary (e.g. a build of an earlier commit) to run in scenario 1 as a
+    /// fourth approach, alternating with the others: what an engine change bought.
+    #[arg(long, value_name = "PATH")]
+    baseline_binary: Option<PathBuf>,
+    /// Extra environment for the daemon under test (`NAME=VALUE`, repeatable). For experiments
+    /// such as `TOKIO_WORKER_THREADS=1`; the reported run sets none.
+    #[arg(long, value_name = "NAME=VALUE")]
+    daemon_env: Vec<String>,
+    /// Rewrite bench/pgbench/*.sql from `tombstoned::claim::sql` and exit.
+    #[arg(long)]
+    write_pgbench_scripts: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// How big each scenario is.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Scale {
+    /// Scenario 1 (and 3, 4): records, half of them due.
+    pub s1_records: i64,
+    /// Scenario 2: tombstones.
+    pub s2_tombstones: i64,
+    /// Scenario 2: live records.
+    pub s2_live: i64,
+    /// Scenario 2: live records that are due (0.5 %).
+    pub s2_due: i64,
+    /// Scenario 1: the job-queue loop stops after this long (it slows down as it goes).
+    pub job_queue_cap_seconds: u64,
+    /// Scenario 3: replay requests per second.
+    pub s3_rate: u64,
+    /// Scenario 3: measured window per trial.
+    pub s3_window_seconds: u64,
+    /// Scenario 4: measured seconds per trial.
+    pub s4_seconds: u64,
+    /// Scenario 4: warm-up seconds before each trial.
+    pub s4_warmup_seconds: u64,
+    /// Scenario 4: records in the replay set.
+    pub s4_replay_keys: i64,
+    /// Repetitions.
+    pub reps: usize,
+    /// Whether this is the quick (CI) scale.
+    pub quick: bool,
+}
+
+impl Scale {
+    fn new(quick: bool, reps: Option<u32>) -> Self {
+        let reps = reps.map_or(if quick { 1 } else { 3 }, |r| r as usize);
+        if quick {
+            Scale {
+                s1_records: 100_000,
+                s2_tombstones: 500_000,
+                s2_live: 100_000,
+                s2_due: 500,
+                job_queue_cap_seconds: 10,
+                s3_rate: 200,
+                s3_window_seconds: 3,
+                s4_seconds: 2,
+                s4_warmup_seconds: 1,
+                s4_replay_keys: 10_000,
+                reps,
+                quick,
+            }
+        } else {
+            Scale {
+                s1_records: 1_000_000,
+                s2_tombstones: 5_000_000,
+                s2_live: 1_000_000,
+                s2_due: 5_000,
+                job_queue_cap_seconds: 20,
+                s3_rate: 200,
+                s3_window_seconds: 10,
+                s4_seconds: 5,
+                s4_warmup_seconds: 1,
+                s4_replay_keys: 100_000,
+                reps,
+                quick,
+            }
+        }
+    }
+}
+
+/// Everything the scenarios share: the server, the product binary, the scale, and the seeded
+/// template databases (made on first use, kept for the run).
+pub struct Bench {
+    /// The server.
+    pub server: Server,
+    /// The release-profile `tombstoned`.
+    pub binary: PathBuf,
+    /// Scale.
+    pub scale: Scale,
+    /// `--batch-size`, if given.
+    pub batch_size: Option<u32>,
+    /// `--daemon-env`.
+    pub daemon_env: Vec<(String, String)>,
+    /// `--baseline-binary`.
+    pub baseline_binary: Option<PathBuf>,
+    /// Repository root (for bench/pgbench).
+    pub root: PathBuf,
+    templates: std::collections::HashMap<&'static str, String>,
+    /// Seeding reports.
+    pub seeds: Vec<seed::SeedReport>,
+    /// Scenario 1's `tombstoned cleanup` trials (reused by 2 and 5).
+    pub s1_tombstoned: Vec<cleanup::Trial>,
+    /// A copy of scenario 1's data after a `tombstoned cleanup` run (for scenario 5).
+    pub cleaned_db: Option<String>,
+}
+
+impl Bench {
+    /// The name of seeded template `which` ("s1", "s2", "s4"), seeding it on first use.
+    pub async fn template(&mut self, which: &'static str) -> Result<String> {
+        if let Some(name) = self.templates.get(which) {
+            return Ok(name.clone());
+        }
+        let name = self.server.db_name(&format!("seed_{which}"));
+        let report = match which {
+            "s1" => {
+                self.server.create_db(&name).await?;
+                migrate(&self.server, &name).await?;
+                let client = self.server.connect(&name).await?;
+                let n = self.scale.s1_records;
+                let due = n / 2;
+                let report = seed::seed(&client, &name, &s1_batches(n, due)).await?;
+                seed::verify(&client, "s1", &[1, due, due + 1, n], false).await?;
+                report
+            }
+            "s2" => {
+                self.server.create_db(&name).await?;
+                migrate(&self.server, &name).await?;
+                let client = self.server.connect(&name).await?;
+                let (t, live, due) = (
+                    self.scale.s2_tombstones,
+                    self.scale.s2_live,
+                    self.scale.s2_due,
+                );
+                let day_ms = 86_400_000i64;
+                let mut batches = vec![seed::Batch {
+                    tag: "s2",
+                    first: 1,
+                    last: t,
+                    // Tombstones of the last ~400 days, oldest first.
+                    deadline0: "now() - interval '400 days'".into(),
+                    step: format!("{} ms", 398 * day_ms / t),
+                    tombstones: true,
+                    decimal_keys: false,
+                }];
+                batches.extend(live_batches("s2", t, live, due));
+                let report = seed::seed(&client, &name, &batches).await?;
+                seed::verify(&client, "s2", &[1, t, t + 1, t + due + 1], false).await?;
+                report
+            }
+            "s4" => {
+                // Scenario 1's data plus the replay set pgbench can address (decimal keys).
+                let s1 = Box::pin(self.template("s1")).await?;
+                self.server.copy_db(&s1, &name).await?;
+                let client = self.server.connect(&name).await?;
+                let n = self.scale.s4_replay_keys;
+                let batches = [seed::Batch {
+                    tag: "s4r",
+                    first: 1,
+                    last: n,
+                    deadline0: "now() + interval '1 hour'".into(),
+                    step: format!("{} ms", 86_400_000 / n),
+                    tombstones: false,
+                    decimal_keys: true,
+                }];
+                let report = seed::seed(&client, &name, &batches).await?;
+                seed::verify(&client, "s4r", &[1, n], true).await?;
+                report
+            }
+            other => bail!("no template {other}"),
+        };
+        eprintln!(
+            "  seeded {which}: {} rows in {:.1} s (+{:.1} s indexes, {:.1} s vacuum)",
+            report.rows, report.insert_seconds, report.index_seconds, report.vacuum_seconds
+        );
+        self.seeds.push(report);
+        self.templates.insert(which, name.clone());
+        Ok(name)
+    }
+}
+
+/// Scenario 1's records: the first half due (deadlines over the last day), the rest not yet.
+pub fn s1_batches(n: i64, due: i64) -> Vec<seed::Batch> {
+    live_batches("s1", 0, n, due)
+}
+
+/// `live` live records after `offset` others, the first `due` of them due: due deadlines spread
+/// over `[now - 25 h, now - 1 h]`, the others over `[now + 1 h, now + 25 h]`, increasing with `i`.
+fn live_batches(tag: &'static str, offset: i64, live: i64, due: i64) -> Vec<seed::Batch> {
+    let day_ms = 86_400_000i64;
+    let mut batches = Vec::new();
+    if due > 0 {
+        let step = day_ms / due;
+        batches.push(seed::Batch {
+            tag,
+            first: offset + 1,
+            last: offset + due,
+            deadline0: format!(
+                "now() - interval '25 hours' - {} * interval '{step} ms'",
+                offset
+            ),
+            step: format!("{step} ms"),
+            tombstones: false,
+            decimal_keys: false,
+        });
+    }
+    let rest = live - due;
+    if rest > 0 {
+        let step = day_ms / rest;
+        let first = offset + due + 1;
+        batches.push(seed::Batch {
+            tag,
+            first,
+            last: offset + live,
+            deadline0: format!(
+                "now() + interval '1 hour' - {} * interval '{step} ms'",
+                first - 1
+            ),
+            step: format!("{step} ms"),
+            tombstones: false,
+            decimal_keys: false,
+        });
+    }
+    batches
+}
+
+/// Applies the product's migrations to `db`.
+pub async fn migrate(server: &Server, db: &str) -> Result<()> {
+    let vars = vec![("TOMBSTONED_DATABASE_URL".to_owned(), server.url(db))];
+    let config = tombstoned::config::Config::load_from(None, vars, &[])?;
+    tombstoned::db::migrations::migrate(&config.database)
+        .await
+        .with_context(|| format!("migrating {db}"))?;
+    Ok(())
+}
+
+/// Machine facts for the report.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Machine {
+    cpus: usize,
+    cpu_model: String,
+    memory_gib: f64,
+    kernel: String,
+    load_average_start: String,
+    load_average_end: String,
+}
+
+fn machine(load_start: String) -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib: f64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    Machine {
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_model,
+        memory_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        load_average_start: load_start,
+        load_average_end: loadavg(),
+    }
+}
+
+/// `/proc/loadavg`'s first three fields.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("scenarios: cannot start a runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("scenarios: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if args.write_pgbench_scripts {
+        for (name, text) in pgbench_scripts::scripts() {
+            let path = root.join("bench/pgbench").join(name);
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
+    // The scripts pgbench runs must be the product's statements: refuse to measure otherwise.
+    pgbench_scripts::check_files(&root.join("bench/pgbench"))?;
+
+    let started = Instant::now();
+    let load_start = loadavg();
+    let scale = Scale::new(args.quick, args.reps);
+    let only: Vec<u8> = if args.only.is_empty() {
+        vec![1, 2, 3, 4, 5]
+    } else {
+        args.only.clone()
+    };
+    eprintln!(
+        "tombstoned benchmark: scenarios {only:?}, {} scale, {} repetition(s)",
+        if scale.quick { "quick" } else { "full" },
+        scale.reps
+    );
+    let server = Server::start(args.database_url.as_deref()).await?;
+    eprintln!(
+        "PostgreSQL {} ({})",
+        server.version,
+        if server.is_throwaway() {
+            "throwaway cluster"
+        } else {
+            "given by --database-url"
+        }
+    );
+    let mut bench = Bench {
+        server,
+        binary: args
+            .binary
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tombstoned"))),
+        scale,
+        batch_size: args.batch_size,
+        daemon_env: args
+            .daemon_env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        baseline_binary: args.baseline_binary.clone(),
+        root: root.clone(),
+        templates: Default::default(),
+        seeds: Vec::new(),
+        s1_tombstoned: Vec::new(),
+        cleaned_db: None,
+    };
+
+    let mut results: Vec<ScenarioResult> = Vec::new();
+    let outcome: Result<()> = async {
+        for id in &only {
+            let t = Instant::now();
+            eprintln!("\n== scenario {id} (load average {})", loadavg());
+            let mut result = match id {
+                1 => cleanup::scenario1(&mut bench, only.contains(&5)).await?,
+                2 => cleanup::scenario2(&mut bench).await?,
+                3 => replays::scenario3(&mut bench).await?,
+                4 => api_limit::scenario4(&mut bench).await?,
+                5 => storage::scenario5(&mut bench).await?,
+                _ => unreachable!("validated by clap"),
+            };
+            result.seconds = t.elapsed().as_secs_f64();
+            eprintln!("{}", report::render(std::slice::from_ref(&result)));
+            results.push(result);
+        }
+        Ok(())
+    }
+    .await;
+
+    let settings = bench
+        .server
+        .non_default_settings()
+        .await
+        .unwrap_or_default();
+    let elapsed = started.elapsed();
+    let json = serde_json::json!({
+        "machine": machine(load_start),
+        "postgres": {
+            "version": bench.server.version,
+            "throwaway_cluster": bench.server.is_throwaway(),
+            "requested_settings": server::SETTINGS.iter()
+                .map(|(k, v, why)| serde_json::json!({"name": k, "value": v, "why": why}))
+                .collect::<Vec<_>>(),
+            "non_default_settings": settings,
+        },
+        "scale": bench.scale,
+        "command": std::env::args().collect::<Vec<_>>(),
+        "seeding": bench.seeds,
+        "scenarios": results,
+        "duration_seconds": elapsed.as_secs_f64(),
+        "error": outcome.as_ref().err().map(|e| format!("{e:#}")),
+    });
+    let out = args
+        .out
+        .unwrap_or_else(|| root.join("target/bench/results.json"));
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&json)?)?;
+    bench.server.drop_all().await;
+
+    println!("\n{}", report::render(&results));
+    println!("settings (all scenarios and baselines):");
+    for s in &settings {
+        println!("  {} = {} ({})", s.name, s.value, s.source);
+    }
+    println!(
+        "\nPostgreSQL {}; {} s in total; results in {}",
+        bench.server.version,
+        elapsed.as_secs(),
+        out.display()
+    );
+    if std::env::var_os("BENCH_MARKDOWN").is_some() {
+        println!("\n{}", report::render_markdown(&results));
+    }
+    outcome?;
+    if !bench.scale.quick {
+        let missed: Vec<String> = results
+            .iter()
+            .flat_map(|r| &r.checks)
+            .filter(|c| !c.met)
+            .map(|c| format!("{}: {}", c.scenario, c.name))
+            .collect();
+        if !missed.is_empty() {
+            println!("targets missed: {}", missed.join("; "));
+        }
+    }
+    Ok(())
+}
