@@ -118,7 +118,7 @@ fn created_after(e: &ledger::Exchange, t: SystemTime) -> bool {
 }
 
 /// Fault 1a: SIGKILL while a cleanup batch is open (it has updated part of its rows and waits
-/// on a row a replay reader holds). The batch rolls back whole; after a restart the daemon's
+/// on a row a replay reader holds). The batch applies whole or not at all; after a restart the daemon's
 /// next run finishes the work and no record's identity changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_during_a_cleanup_batch_leaves_no_half_batch_and_the_restart_finishes() {
@@ -139,13 +139,16 @@ async fn sigkill_during_a_cleanup_batch_leaves_no_half_batch_and_the_restart_fin
     wait_until_cleaner_waits(&observer).await;
     daemon.sigkill().await;
     reader.commit().await;
-    // The orphaned batch gets the row, then finds its client gone and rolls back.
+    // The orphaned batch gets the row. Its COMMIT was pipelined with it (one round trip per
+    // batch), so it is already in the server's input and the 13th batch commits whole; had the
+    // kill come before the COMMIT was sent, the backend would find its client gone and roll the
+    // batch back whole. Never part of it.
     wait_until_gone(&observer, "tombstoned/cleanup").await;
     wait_until_gone(&observer, "tombstoned/cleanup-lease").await;
-    assert_eq!(
-        counts(&observer).await,
-        (1200, 800),
-        "exactly 12 whole batches"
+    let (tombstones, live) = counts(&observer).await;
+    assert!(
+        (tombstones, live) == (1200, 800) || (tombstones, live) == (1300, 700),
+        "12 committed batches, and the 13th whole or not at all: {tombstones} tombstones"
     );
     assert!(body.is_some());
 
