@@ -38,6 +38,9 @@ pub enum Approach {
     JobQueue,
     /// `tombstoned cleanup` from `--baseline-binary` (an earlier build), for before/after.
     BaselineBinary,
+    /// (a) stopped by `--max-batches` after as many rows as scenario 2 has due: scenario 2's
+    /// run on scenario 1's table, i.e. the same work without the history.
+    TombstonedSmallRun,
 }
 
 /// The job-queue loop's statement: `$1` cutoff, `$2` batch size.
@@ -150,13 +153,19 @@ pub async fn trial(
     let ckpt0 = checkpoints(&admin, bench.server.version_num).await?;
     let batch = bench.batch_size.unwrap_or(DEFAULT_BATCH);
     let mut t = match approach {
-        Approach::Tombstoned => run_tombstoned(bench, &bench.binary, &db).await?,
+        Approach::Tombstoned => run_tombstoned(bench, &bench.binary, &db, None).await?,
+        Approach::TombstonedSmallRun => {
+            let batches = u64::try_from(bench.scale.s2_due)?.div_ceil(u64::from(batch));
+            let mut t = run_tombstoned(bench, &bench.binary, &db, Some(batches)).await?;
+            t.approach = Approach::TombstonedSmallRun;
+            t
+        }
         Approach::BaselineBinary => {
             let binary = bench
                 .baseline_binary
                 .as_ref()
                 .context("--baseline-binary is not set")?;
-            let mut t = run_tombstoned(bench, binary, &db).await?;
+            let mut t = run_tombstoned(bench, binary, &db, None).await?;
             t.approach = Approach::BaselineBinary;
             t
         }
@@ -226,7 +235,12 @@ fn empty_trial(approach: Approach) -> Trial {
 }
 
 /// (a) The real binary, as an operator runs it.
-async fn run_tombstoned(bench: &Bench, binary: &std::path::Path, db: &str) -> Result<Trial> {
+async fn run_tombstoned(
+    bench: &Bench,
+    binary: &std::path::Path,
+    db: &str,
+    max_batches: Option<u64>,
+) -> Result<Trial> {
     let mut command = tokio::process::Command::new(binary);
     command
         .args(["cleanup", "--json"])
@@ -235,6 +249,9 @@ async fn run_tombstoned(bench: &Bench, binary: &std::path::Path, db: &str) -> Re
         .env("RUST_LOG", "warn");
     if let Some(n) = bench.batch_size {
         command.args(["--batch-size", &n.to_string()]);
+    }
+    if let Some(n) = max_batches {
+        command.args(["--max-batches", &n.to_string()]);
     }
     let started = Instant::now();
     let output = command
@@ -754,11 +771,13 @@ pub async fn scenario2(bench: &mut Bench) -> Result<ScenarioResult> {
     let reps = bench.scale.reps;
     let need_reference = bench.s1_tombstoned.is_empty();
     let mut trials = Vec::new();
+    let mut small_runs = Vec::new();
     let mut reference = bench.s1_tombstoned.clone();
     for rep in 0..reps {
         if need_reference {
             reference.push(trial(bench, &s1, Approach::Tombstoned, rep, false).await?);
         }
+        small_runs.push(trial(bench, &s1, Approach::TombstonedSmallRun, rep, false).await?);
         trials.push(trial(bench, &s2, Approach::Tombstoned, rep, false).await?);
     }
     let per_row_us = |t: &Trial| t.seconds / t.rows.max(1) as f64 * 1e6;
@@ -766,10 +785,26 @@ pub async fn scenario2(bench: &mut Bench) -> Result<ScenarioResult> {
         |t: &Trial| t.engine_seconds.unwrap_or(t.seconds) / t.rows.max(1) as f64 * 1e6;
     let s2_us: Vec<f64> = trials.iter().map(per_row_us).collect();
     let s1_us: Vec<f64> = reference.iter().map(per_row_us).collect();
-    let (m2, m1) = (
+    let small_us: Vec<f64> = small_runs.iter().map(per_row_us).collect();
+    let (m2, m1, m_small) = (
         median(&s2_us).unwrap_or(f64::NAN),
         median(&s1_us).unwrap_or(f64::NAN),
+        median(&small_us).unwrap_or(f64::NAN),
     );
+    // Dirtied pages per tombstoned row, from pg_stat_statements: what a small run pays for
+    // (each row's new primary-key entry lands on a leaf page no earlier row of the run touched).
+    let dirtied_per_row = |ts: &[Trial]| {
+        median(
+            &ts.iter()
+                .filter(|t| t.rows > 0 && !t.statements.is_empty())
+                .map(|t| {
+                    t.statements.iter().map(|s| s.shared_dirtied).sum::<i64>() as f64
+                        / t.rows as f64
+                })
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(f64::NAN)
+    };
     let r = ratio(m2, m1);
     let e2 = median(&trials.iter().map(engine_per_row_us).collect::<Vec<_>>()).unwrap_or(f64::NAN);
     let e1 =
@@ -811,6 +846,27 @@ pub async fn scenario2(bench: &mut Bench) -> Result<ScenarioResult> {
         Row {
             scenario: 2,
             metric: format!(
+                "  the same {}-row run without tombstones (scenario 1's table) vs with; \
+                 pages dirtied/row {} vs {} (full run: {})",
+                bench.scale.s2_due,
+                num(dirtied_per_row(&small_runs), 2),
+                num(dirtied_per_row(&trials), 2),
+                num(dirtied_per_row(&reference), 2)
+            ),
+            baseline: num(m_small, 1),
+            tombstoned: num(m2, 1),
+            ratio: num(ratio(m2, m_small), 2),
+            pair_ratio: num(
+                median_of_pair_ratios(&s2_us, &small_us).unwrap_or(f64::NAN),
+                2,
+            ),
+            range: range(&small_us, 1, ""),
+            target: String::new(),
+            verdict: String::new(),
+        },
+        Row {
+            scenario: 2,
+            metric: format!(
                 "buffers per batch of {DEFAULT_BATCH} (warm): {} MB / {} tombstones vs {} MB / {}",
                 facts[1].total_bytes >> 20,
                 facts[1].tombstones,
@@ -842,8 +898,10 @@ pub async fn scenario2(bench: &mut Bench) -> Result<ScenarioResult> {
         details: json!({
             "tables": facts,
             "batch_plans": {"s1": plans[0], "s2": plans[1]},
-            "per_row_us": {"s2": s2_us, "s1_reference": s1_us, "ratio_of_medians": r},
+            "per_row_us": {"s2": s2_us, "s1_reference": s1_us, "s1_small_run": small_us,
+                           "ratio_of_medians": r},
             "trials": trials,
+            "small_run_trials": small_runs,
             "reference_trials_run_here": need_reference,
         }),
         seconds: 0.0,

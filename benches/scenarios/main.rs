@@ -75,6 +75,11 @@ struct Args {
     /// such as `TOKIO_WORKER_THREADS=1`; the reported run sets none.
     #[arg(long, value_name = "NAME=VALUE")]
     daemon_env: Vec<String>,
+    /// An extra server setting for the throwaway cluster (`NAME=VALUE`, repeatable; applies to
+    /// every scenario and baseline alike). For experiments such as `wal_compression=lz4`; the
+    /// reported run sets none.
+    #[arg(long, value_name = "NAME=VALUE")]
+    pg_setting: Vec<String>,
     /// Rewrite bench/pgbench/*.sql from `tombstoned::claim::sql` and exit.
     #[arg(long)]
     write_pgbench_scripts: bool,
@@ -402,7 +407,17 @@ async fn run(args: Args) -> Result<()> {
         if scale.quick { "quick" } else { "full" },
         scale.reps
     );
-    let server = Server::start(args.database_url.as_deref()).await?;
+    let mut extra_settings = Vec::new();
+    for kv in &args.pg_setting {
+        match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => extra_settings.push((k.to_owned(), v.to_owned())),
+            _ => bail!("--pg-setting wants NAME=VALUE, got {kv:?}"),
+        }
+    }
+    if !extra_settings.is_empty() && args.database_url.is_some() {
+        bail!("--pg-setting applies to the throwaway cluster, not to --database-url");
+    }
+    let server = Server::start(args.database_url.as_deref(), &extra_settings).await?;
     eprintln!(
         "PostgreSQL {} ({})",
         server.version,

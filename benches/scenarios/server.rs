@@ -69,9 +69,10 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts a throwaway cluster with [`SETTINGS`], or uses the server at `url` (whose role
-    /// must be allowed to create databases; its settings are reported, not changed).
-    pub async fn start(url: Option<&str>) -> Result<Server> {
+    /// Starts a throwaway cluster with [`SETTINGS`] and `extra` (`--pg-setting`), or uses the
+    /// server at `url` (whose role must be allowed to create databases; its settings are
+    /// reported, not changed).
+    pub async fn start(url: Option<&str>, extra: &[(String, String)]) -> Result<Server> {
         let (admin, cluster, bin_dir) = match url {
             Some(url) => (
                 url.parse::<tokio_postgres::Config>()
@@ -88,6 +89,9 @@ impl Server {
                     if needs_library && !has_library(&bin_dir, "pg_stat_statements") {
                         continue;
                     }
+                    options = options.set(name, value);
+                }
+                for (name, value) in extra {
                     options = options.set(name, value);
                 }
                 let dir = bin_dir.clone();
