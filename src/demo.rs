@@ -562,9 +562,8 @@ fn scrub_env(command: &mut Command) {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .context("cannot bind a loopback port to find a free one")?;
-    Ok(listener.local_addr()?.port())
+    crate::pg_cluster::free_loopback_port()
+        .context("cannot bind a loopback port to find a free one")
 }
 
 /// The scripted client: acme/alice's token, one connection at a time.

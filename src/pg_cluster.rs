@@ -339,18 +339,42 @@ impl Drop for ThrowawayCluster {
     }
 }
 
+/// A loopback TCP port nothing listens on right now (the OS picks it; another process could
+/// take it before it is used, which the callers' start-up then reports).
+pub fn free_loopback_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
 fn free_port() -> Result<u16, ClusterError> {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(|source| ClusterError::Spawn {
+    free_loopback_port().map_err(|source| ClusterError::Spawn {
         program: "a loopback listener (to find a free port)".into(),
         source,
-    })?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|source| ClusterError::Spawn {
-            program: "a loopback listener (to find a free port)".into(),
-            source,
-        })
+    })
+}
+
+/// A libpq key=value connection string for `server`'s host, port and credentials on database
+/// `dbname` (tokio-postgres, libpq tools such as pgbench, and `TOMBSTONED_DATABASE_URL` all
+/// accept it).
+pub fn conninfo_for_database(server: &tokio_postgres::Config, dbname: &str) -> String {
+    use tokio_postgres::config::Host;
+    let mut parts = Vec::new();
+    if let Some(host) = server.get_hosts().first() {
+        match host {
+            Host::Tcp(h) => parts.push(format!("host={h}")),
+            Host::Unix(p) => parts.push(format!("host={}", p.display())),
+        }
+    }
+    if let Some(port) = server.get_ports().first() {
+        parts.push(format!("port={port}"));
+    }
+    if let Some(user) = server.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(pw) = server.get_password() {
+        parts.push(format!("password={}", String::from_utf8_lossy(pw)));
+    }
+    parts.push(format!("dbname={dbname}"));
+    parts.join(" ")
 }
 
 fn is_root() -> bool {

@@ -2,7 +2,7 @@
 //! environment (no configuration file), with the benchmark's tokens, its scheduler off (the
 //! scenarios start cleanup runs themselves), and rate limits out of the way.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
@@ -47,7 +47,7 @@ impl Memory {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(tombstoned::pg_cluster::free_loopback_port()?)
 }
 
 impl Daemon {

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
 use tombstoned::pg_cluster::{find_bin_dir, ClusterOptions, ThrowawayCluster};
 
@@ -152,25 +151,7 @@ impl Server {
     /// A key=value connection string for database `dbname` (libpq, tokio-postgres, pgbench and
     /// `TOMBSTONED_DATABASE_URL` all accept it).
     pub fn url(&self, dbname: &str) -> String {
-        let admin = &self.admin;
-        let mut parts = Vec::new();
-        if let Some(host) = admin.get_hosts().first() {
-            match host {
-                Host::Tcp(h) => parts.push(format!("host={h}")),
-                Host::Unix(p) => parts.push(format!("host={}", p.display())),
-            }
-        }
-        if let Some(port) = admin.get_ports().first() {
-            parts.push(format!("port={port}"));
-        }
-        if let Some(user) = admin.get_user() {
-            parts.push(format!("user={user}"));
-        }
-        if let Some(pw) = admin.get_password() {
-            parts.push(format!("password={}", String::from_utf8_lossy(pw)));
-        }
-        parts.push(format!("dbname={dbname}"));
-        parts.join(" ")
+        tombstoned::pg_cluster::conninfo_for_database(&self.admin, dbname)
     }
 
     /// A session on the maintenance database.

@@ -13,11 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
 use tombstoned::config::Config;
 use tombstoned::db::migrations;
-use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use tombstoned::pg_cluster::{conninfo_for_database, ClusterOptions, ThrowawayCluster};
 
 struct Harness {
     admin: tokio_postgres::Config,
@@ -68,7 +67,7 @@ fn init() -> Harness {
                 .await
                 .expect("create template database");
         }
-        let config = config_for(&with_dbname(&admin, &template), &[]);
+        let config = config_for(&conninfo_for_database(&admin, &template), &[]);
         migrations::migrate(&config.database)
             .await
             .expect("migrate the template database");
@@ -83,28 +82,6 @@ fn init() -> Harness {
 /// The throwaway cluster, when the harness started one (fault tests restart it).
 pub fn cluster() -> Option<&'static ThrowawayCluster> {
     harness().cluster.as_ref()
-}
-
-/// A connection string for `admin`'s server and credentials, on database `dbname`.
-fn with_dbname(admin: &tokio_postgres::Config, dbname: &str) -> String {
-    let mut parts = Vec::new();
-    if let Some(host) = admin.get_hosts().first() {
-        match host {
-            Host::Tcp(h) => parts.push(format!("host={h}")),
-            Host::Unix(p) => parts.push(format!("host={}", p.display())),
-        }
-    }
-    if let Some(port) = admin.get_ports().first() {
-        parts.push(format!("port={port}"));
-    }
-    if let Some(user) = admin.get_user() {
-        parts.push(format!("user={user}"));
-    }
-    if let Some(pw) = admin.get_password() {
-        parts.push(format!("password={}", String::from_utf8_lossy(pw)));
-    }
-    parts.push(format!("dbname={dbname}"));
-    parts.join(" ")
 }
 
 async fn connect_config(config: &tokio_postgres::Config) -> Client {
@@ -156,7 +133,7 @@ impl TestDb {
             .batch_execute(&format!("CREATE DATABASE {name} {clause}"))
             .await
             .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
-        let url = with_dbname(&h.admin, &name);
+        let url = conninfo_for_database(&h.admin, &name);
         Self { name, url }
     }
 

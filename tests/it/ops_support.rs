@@ -96,9 +96,5 @@ pub fn prometheus_tool(name: &str) -> PathBuf {
 
 /// A loopback port nothing listens on right now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    tombstoned::pg_cluster::free_loopback_port().unwrap()
 }

@@ -32,11 +32,7 @@ pub fn example_tokens() -> String {
 
 /// A loopback port nothing listens on right now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    tombstoned::pg_cluster::free_loopback_port().unwrap()
 }
 
 /// How a daemon is configured: the database, settings `section.key = <TOML value>` on top of
