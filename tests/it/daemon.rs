@@ -432,7 +432,7 @@ async fn blocked_claim(key: &'static str) -> BlockedClaim {
             .json(&body)
             .send()
             .await?;
-        Ok(crate::daemon_support::reply(response).await)
+        Ok(crate::api_support::TestApi::reply(response).await)
     });
     let observer = db.client().await;
     wait_until_sessions_wait(&observer, "tombstoned/api", 1).await;

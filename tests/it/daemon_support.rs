@@ -14,7 +14,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use crate::api_support::Reply;
+use crate::api_support::{Reply, TestApi};
 use crate::harness::binary;
 use crate::ops_support::{free_port, repo_root};
 
@@ -259,7 +259,7 @@ impl Daemon {
             .send()
             .await
             .unwrap_or_else(|e| panic!("POST /v1/orders: {e}"));
-        reply(response).await
+        TestApi::reply(response).await
     }
 
     /// GET on the metrics listener.
@@ -270,7 +270,7 @@ impl Daemon {
             .send()
             .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-        reply(response).await
+        TestApi::reply(response).await
     }
 
     /// The value of one series of `/metrics`, e.g. `tombstoned_cleanup_runs_total{outcome="success"}`.
@@ -299,18 +299,6 @@ fn config_text(sections: &str, api_port: u16, ops_port: u16) -> String {
     metrics.insert("listen".into(), format!("127.0.0.1:{ops_port}").into());
     table.insert("metrics".into(), metrics.into());
     toml::to_string(&table).unwrap()
-}
-
-/// A response read whole.
-pub async fn reply(response: reqwest::Response) -> Reply {
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap();
-    Reply {
-        status,
-        headers,
-        text,
-    }
 }
 
 /// The value of `series` (name and labels exactly as exposed) in a text exposition.
