@@ -249,36 +249,19 @@ async fn logs_at_debug_and_metrics_never_contain_tokens_keys_or_bodies() {
         .unwrap()
         .to_owned();
     secrets.push(order_id.clone());
-    post(
-        &mut statuses,
-        api.post(alice, "key-SECRET-1", body("req-SECRET-1", "100.00"))
-            .await,
-    );
-    post(
-        &mut statuses,
-        api.post(alice, "key-SECRET-1", body("req-SECRET-1", "101.00"))
-            .await,
-    );
-    post(
-        &mut statuses,
-        api.post(alice, "key-SECRET-2", body("req-SECRET-1", "100.00"))
-            .await,
-    );
-    post(
-        &mut statuses,
-        api.post(alice, "key-SECRET-3", body("req-SECRET-1", "102.00"))
-            .await,
-    );
-    post(
-        &mut statuses,
-        api.post(alice, "key-SECRET-4", body("req-SECRET-4", "9000.00"))
-            .await,
-    );
-    post(
-        &mut statuses,
-        api.post(alice, "key-SECRET-4", body("req-SECRET-4", "9000.00"))
-            .await,
-    );
+    for (key, request_id, amount) in [
+        ("key-SECRET-1", "req-SECRET-1", "100.00"),
+        ("key-SECRET-1", "req-SECRET-1", "101.00"),
+        ("key-SECRET-2", "req-SECRET-1", "100.00"),
+        ("key-SECRET-3", "req-SECRET-1", "102.00"),
+        ("key-SECRET-4", "req-SECRET-4", "9000.00"),
+        ("key-SECRET-4", "req-SECRET-4", "9000.00"),
+    ] {
+        post(
+            &mut statuses,
+            api.post(alice, key, body(request_id, amount)).await,
+        );
+    }
     // Reads: 200, 404 across tenants, 403, 404 for a bad id, 404 route, key status 200/404.
     let order_path = format!("/v1/orders/{order_id}");
     for (w, path) in [
