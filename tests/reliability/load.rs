@@ -304,6 +304,19 @@ impl Client {
         self.pool.lock().unwrap().intents.push(intent.clone());
     }
 
+    /// A known intent half the time (when there is one), else a fresh one, remembered.
+    fn known_or_fresh(&mut self) -> Intent {
+        match self.pick() {
+            Some(i) if self.rng.below(2) == 0 => i,
+            _ => {
+                let who = self.writer();
+                let i = self.fresh(who);
+                self.remember(&i);
+                i
+            }
+        }
+    }
+
     async fn send(&mut self, kind: Kind, intent: &Intent) -> Answer {
         let spelling = self.rng.next();
         let sent_at = SystemTime::now();
@@ -366,15 +379,7 @@ impl Client {
             };
             self.send(kind, &intent).await;
         } else if take(m.dropped) {
-            let intent = match self.pick() {
-                Some(i) if self.rng.below(2) == 0 => i,
-                _ => {
-                    let who = self.writer();
-                    let i = self.fresh(who);
-                    self.remember(&i);
-                    i
-                }
-            };
+            let intent = self.known_or_fresh();
             self.pool.lock().unwrap().dropped.insert(intent.key.clone());
             let sent_at = SystemTime::now();
             let body = intent.body(self.rng.next());
@@ -418,15 +423,7 @@ impl Client {
             self.remember(&intent);
             self.send(Kind::DuplicateOther, &intent).await;
         } else if take(m.burst) {
-            let intent = match self.pick() {
-                Some(i) if self.rng.below(2) == 0 => i,
-                _ => {
-                    let who = self.writer();
-                    let i = self.fresh(who);
-                    self.remember(&i);
-                    i
-                }
-            };
+            let intent = self.known_or_fresh();
             let copies = 2 + self.rng.below(3);
             let sends: Vec<_> = (0..copies)
                 .map(|_| {
