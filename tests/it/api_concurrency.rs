@@ -26,6 +26,29 @@ fn fingerprint_of(body: &serde_json::Value) -> Vec<u8> {
         .to_vec()
 }
 
+/// Another session that has claimed `key` for alice's `body` and not committed: an in-flight
+/// owner, holding the record's row lock until the caller commits or rolls back.
+async fn in_flight_owner(
+    api: &TestApi,
+    key: &str,
+    body: &serde_json::Value,
+    response_body: &str,
+) -> tokio_postgres::Client {
+    let owner = api.db.client().await;
+    owner.batch_execute("BEGIN").await.unwrap();
+    owner
+        .execute(
+            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+                 idempotency_key, fingerprint, status_code, response_body, replay_deadline)
+             VALUES ('acme', 'alice', 'create-order', $1, $2, 201, $3::text::jsonb,
+                     now() + interval '1 day')",
+            &[&key, &fingerprint_of(body), &response_body],
+        )
+        .await
+        .unwrap();
+    owner
+}
+
 #[tokio::test]
 async fn thirty_two_concurrent_identical_requests_create_exactly_one_order() {
     let api = Arc::new(TestApi::start().await);
@@ -71,19 +94,8 @@ async fn the_waiting_request_becomes_the_owner_when_the_first_owner_rolls_back()
     let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "30s")]).await;
     let body = order("req-rb");
     // Another session claims the key and has not committed.
-    let owner = api.db.client().await;
+    let owner = in_flight_owner(&api, "key-rb", &body, "{}").await;
     let owner_pid = backend_pid(&owner).await;
-    owner.batch_execute("BEGIN").await.unwrap();
-    owner
-        .execute(
-            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
-                 idempotency_key, fingerprint, status_code, response_body, replay_deadline)
-             VALUES ('acme', 'alice', 'create-order', 'key-rb', $1, 201, '{}',
-                     now() + interval '1 day')",
-            &[&fingerprint_of(&body)],
-        )
-        .await
-        .unwrap();
     let waiter = tokio::spawn({
         let (http, base) = (api.http.clone(), api.base.clone());
         async move {
@@ -221,18 +233,7 @@ async fn a_claim_blocked_past_claim_lock_timeout_gets_409_then_the_retry_replays
 async fn waiting_on_an_in_flight_owner_past_the_timeout_is_409_then_its_committed_result_replays() {
     let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "300ms")]).await;
     let body = order("req-f");
-    let owner = api.db.client().await;
-    owner.batch_execute("BEGIN").await.unwrap();
-    owner
-        .execute(
-            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
-                 idempotency_key, fingerprint, status_code, response_body, replay_deadline)
-             VALUES ('acme', 'alice', 'create-order', 'key-f', $1, 201, '{\"from\": \"owner\"}',
-                     now() + interval '1 day')",
-            &[&fingerprint_of(&body)],
-        )
-        .await
-        .unwrap();
+    let owner = in_flight_owner(&api, "key-f", &body, r#"{"from": "owner"}"#).await;
     let r = api.post(ALICE, "key-f", &body).await;
     r.expect(409);
     assert_eq!(r.problem(), "request-in-progress");
