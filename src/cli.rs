@@ -142,31 +142,10 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(exit) => exit.into(),
         Err(e) => {
-            eprintln!("tombstoned: error: {}", one_line(&e));
+            eprintln!("tombstoned: error: {}", db::error_text(e.as_ref()));
             exit_for(&e).into()
         }
     }
-}
-
-/// The cause chain on one line. A server error contributes its severity, SQLSTATE and message
-/// only: its DETAIL can quote row values (keys, tenants), which must not reach logs.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for cause in e.chain() {
-        let text = match cause
-            .downcast_ref::<tokio_postgres::Error>()
-            .and_then(tokio_postgres::Error::as_db_error)
-        {
-            Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
-            None => cause.to_string(),
-        };
-        // Wrappers that print their source's text too would repeat it.
-        if parts.last().is_some_and(|last| last.ends_with(&text)) {
-            continue;
-        }
-        parts.push(text);
-    }
-    parts.join(": ").replace('\n', " ")
 }
 
 fn init_logging(format: LogFormat, default_level: &str) {

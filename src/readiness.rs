@@ -163,7 +163,7 @@ impl ReadinessProbe {
                     // Reconnect next time: cheaper to reason about than deciding which errors left
                     // the session usable.
                     state.session = None;
-                    let reason = one_line(&e);
+                    let reason = db::error_text(&e);
                     Readiness::NotReady(if e.class() == ErrorClass::Unavailable {
                         NotReady::DatabaseUnreachable(reason)
                     } else {
@@ -241,20 +241,4 @@ fn log_transition(before: Option<&Readiness>, after: &Readiness) {
         }
         _ => {}
     }
-}
-
-/// The error and its causes on one line.
-fn one_line(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        // tokio-postgres repeats its source in its own message ("db error: ERROR: ...").
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text.replace(['\n', '\r'], " ")
 }

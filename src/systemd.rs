@@ -28,6 +28,8 @@ pub use sd_notify::NotifyState;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::db::error_text;
+
 /// `NOTIFY_SOCKET`: where the service manager listens.
 pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
 /// `WATCHDOG_USEC`: the watchdog timeout in microseconds (`WatchdogSec=`).
@@ -160,7 +162,7 @@ impl Notifier {
         match Self::from_notify_env(&NotifyEnv::from_process(), std::process::id()) {
             Ok(notifier) => notifier,
             Err(e) => {
-                tracing::warn!(error = %e, "sd_notify disabled");
+                tracing::warn!(error = %error_text(&e), "sd_notify disabled");
                 Self::disabled()
             }
         }
@@ -287,9 +289,9 @@ impl Notifier {
             }
             Err(e) => {
                 if self.inner.failing.swap(true, Ordering::Relaxed) {
-                    tracing::debug!(error = %error_chain(&e), "sd_notify message not delivered");
+                    tracing::debug!(error = %error_text(&e), "sd_notify message not delivered");
                 } else {
-                    tracing::warn!(error = %error_chain(&e), "sd_notify message not delivered");
+                    tracing::warn!(error = %error_text(&e), "sd_notify message not delivered");
                 }
             }
         }
@@ -446,17 +448,6 @@ fn status_text(status: &str) -> String {
         line.truncate(cut);
     }
     line
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

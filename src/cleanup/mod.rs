@@ -31,9 +31,7 @@ pub use dry_run::{dry_run, dry_run_with_purge, DryRunReport, DueCount, PurgePrev
 pub use lease::{lease_key, Lease};
 pub use run::{run_once, RunLimits, RunOutcome, RunReport, StopReason};
 
-use run::error_chain;
-
-use crate::db::{DbError, ErrorClass};
+use crate::db::{self, DbError, ErrorClass};
 
 /// Why a cleanup run (or dry run, or lease operation) failed. Every variant carries the
 /// [`DbError`] behind it, so callers classify it by SQLSTATE ([`CleanupError::class`]) and the
@@ -80,7 +78,7 @@ impl CleanupError {
     /// appears as severity, SQLSTATE and message, never with its DETAIL (which can quote row
     /// values such as keys).
     pub fn summary(&self) -> String {
-        error_chain(self)
+        db::error_text(self)
     }
 
     /// True when the database could not be reached or the connection was lost.

@@ -183,40 +183,10 @@ pub async fn run_once(
         }
         Err(e) => {
             meter.run_failed(e, started.elapsed());
-            tracing::warn!(error = %error_chain(e), "cleanup run failed");
+            tracing::warn!(error = %e.summary(), "cleanup run failed");
         }
     }
     result
-}
-
-/// `error: cause: cause` on one line, for logs and the scheduler status. A server error is shown
-/// as its SQLSTATE and message only: its DETAIL can quote row values (keys, bodies), which never
-/// go into logs.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = String::new();
-    let mut next = Some(e);
-    while let Some(cause) = next {
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        let server = cause
-            .downcast_ref::<tokio_postgres::Error>()
-            .and_then(tokio_postgres::Error::as_db_error);
-        match server {
-            Some(db) => {
-                text.push_str(&format!(
-                    "{} {}: {}",
-                    db.severity(),
-                    db.code().code(),
-                    db.message()
-                ));
-                break;
-            }
-            None => text.push_str(&cause.to_string()),
-        }
-        next = cause.source();
-    }
-    text
 }
 
 async fn run_inner(
@@ -624,7 +594,7 @@ impl Engine<'_> {
                         self.meter.db_error(e.sqlstate_class());
                         self.meter.batch("retried", took);
                         self.retries += 1;
-                        tracing::warn!(?phase, attempt, error = %error_chain(&e), "batch rolled back, retrying");
+                        tracing::warn!(?phase, attempt, error = %db::error_text(&e), "batch rolled back, retrying");
                         tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
                     }
                     ErrorClass::Deadlock | ErrorClass::SerializationFailure => {

@@ -1,7 +1,11 @@
 //! Database access: connection settings every session gets, the pooled and dedicated sessions,
-//! and the classification of PostgreSQL errors by SQLSTATE (never by message text).
+//! the classification of PostgreSQL errors by SQLSTATE (never by message text), and the one
+//! error text safe to show anywhere ([`error_text`]).
 
+mod error_text;
 pub mod migrations;
+
+pub use error_text::error_text;
 
 use std::time::Duration;
 

@@ -380,7 +380,7 @@ fn claim_error_response(state: &ApiState, error: &ClaimError) -> Response {
             .into_response()
         }
         ClaimError::Unavailable(_) | ClaimError::Transient(_) | ClaimError::Unstable => {
-            tracing::warn!(error = %error, "claim: database unavailable");
+            tracing::warn!(error = %crate::db::error_text(error), "claim: database unavailable");
             unavailable().into_response()
         }
         ClaimError::Database(db) => internal(db),
