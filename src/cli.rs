@@ -10,6 +10,8 @@
 //! | 75 | temporary refusal: `cleanup` found another instance holding the cleanup lease (EX_TEMPFAIL) |
 //! | 130 | a second SIGINT/SIGTERM during a graceful stop: exit at once, open transactions roll back |
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -18,6 +20,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Config, ConfigError, Override};
 use crate::db::{self, migrations, DbError, ErrorClass};
+use crate::stdout::{self, StdoutError};
 
 /// Exit statuses, after sysexits.h.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,11 +144,25 @@ pub fn main() -> ExitCode {
     init_logging(cli.log_format, default_level);
     match run(cli) {
         Ok(exit) => exit.into(),
+        // The reader of our output went away (`| head`): nothing more to say, to anyone.
+        Err(e) if stdout_closed(&e) => Exit::Success.into(),
         Err(e) => {
-            eprintln!("tombstoned: error: {}", db::error_text(e.as_ref()));
+            // stderr may be gone too; there is nowhere left to report that.
+            let _ = writeln!(
+                std::io::stderr(),
+                "tombstoned: error: {}",
+                db::error_text(e.as_ref())
+            );
             exit_for(&e).into()
         }
     }
+}
+
+/// Whether `e` is (or was caused by) standard output's reader going away.
+fn stdout_closed(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|cause| cause.downcast_ref::<StdoutError>())
+        .any(StdoutError::is_closed_pipe)
 }
 
 fn init_logging(format: LogFormat, default_level: &str) {
@@ -249,14 +266,16 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
 }
 
 fn check_config(config: &Config) -> anyhow::Result<Exit> {
+    let mut out = String::new();
     let origin = config
         .source
         .as_ref()
         .map_or("built-in defaults and environment".to_owned(), |p| {
             p.display().to_string()
         });
-    println!("configuration OK ({origin})");
-    println!(
+    let _ = writeln!(out, "configuration OK ({origin})");
+    let _ = writeln!(
+        out,
         "database: {} (schema {}, pool {} connections)",
         config.database.url, config.database.schema, config.database.pool_size
     );
@@ -269,12 +288,14 @@ fn check_config(config: &Config) -> anyhow::Result<Exit> {
             )
         },
     );
-    println!(
+    let _ = writeln!(
+        out,
         "retention: replay window {}, purge {purge}",
         humantime::format_duration(config.retention.replay_window)
     );
     let c = &config.cleanup;
-    println!(
+    let _ = writeln!(
+        out,
         "cleanup: {}, batches of {}, lock_timeout {}, statement_timeout {}, on_locked {:?}, \
          max_run_time {}",
         if c.enabled { "enabled" } else { "disabled" },
@@ -284,7 +305,8 @@ fn check_config(config: &Config) -> anyhow::Result<Exit> {
         c.on_locked,
         humantime::format_duration(c.max_run_time),
     );
-    println!(
+    let _ = writeln!(
+        out,
         "api: {} on {}; metrics on {}",
         if config.api.enabled {
             "enabled"
@@ -295,29 +317,34 @@ fn check_config(config: &Config) -> anyhow::Result<Exit> {
         config.metrics.listen
     );
     let now = chrono::Utc::now();
-    println!(
+    let _ = writeln!(
+        out,
         "next 5 cleanup runs for {:?} (UTC):",
         c.schedule.expression()
     );
     for t in c.schedule.upcoming(now, 5) {
         let wait = (t - now).to_std().unwrap_or_default();
         let wait = std::time::Duration::from_secs(wait.as_secs());
-        println!(
+        let _ = writeln!(
+            out,
             "  {}  ({}, in {})",
             t.format("%Y-%m-%dT%H:%M:%SZ"),
             t.format("%a"),
             humantime::format_duration(wait)
         );
     }
+    stdout::print(&out)?;
     Ok(Exit::Success)
 }
 
 async fn migrate(config: &Config, args: MigrateArgs) -> anyhow::Result<Exit> {
+    let mut out = String::new();
     if args.status {
         let session = db::connect(&config.database, "migrate").await?;
         let status = migrations::status(&session.client, &config.database.schema).await?;
         for m in &status.applied {
-            println!(
+            let _ = writeln!(
+                out,
                 "applied   V{}__{} ({})",
                 m.version,
                 m.name,
@@ -325,33 +352,41 @@ async fn migrate(config: &Config, args: MigrateArgs) -> anyhow::Result<Exit> {
             );
         }
         for m in &status.pending {
-            println!("pending   V{}__{}", m.version, m.name);
+            let _ = writeln!(out, "pending   V{}__{}", m.version, m.name);
         }
         for m in &status.divergent {
-            println!(
+            let _ = writeln!(
+                out,
                 "DIVERGENT V{}__{} (file changed after it was applied)",
                 m.version, m.name
             );
         }
         for m in &status.unknown {
-            println!(
+            let _ = writeln!(
+                out,
                 "UNKNOWN   V{}__{} (applied by a newer tombstoned)",
                 m.version, m.name
             );
         }
         match status.problem() {
-            None => println!("schema {} is current", config.database.schema),
-            Some(p) => println!("{p}"),
+            None => {
+                let _ = writeln!(out, "schema {} is current", config.database.schema);
+            }
+            Some(p) => {
+                let _ = writeln!(out, "{p}");
+            }
         }
+        stdout::print(&out)?;
         return Ok(Exit::Success);
     }
     let applied = migrations::migrate(&config.database).await?;
     if applied.is_empty() {
-        println!("schema {} is already current", config.database.schema);
+        let _ = writeln!(out, "schema {} is already current", config.database.schema);
     }
     for m in applied {
-        println!("applied V{}__{}", m.version, m.name);
+        let _ = writeln!(out, "applied V{}__{}", m.version, m.name);
     }
+    stdout::print(&out)?;
     Ok(Exit::Success)
 }
 

@@ -24,6 +24,7 @@ use crate::cli::{DemoArgs, Exit};
 use crate::config::Config;
 use crate::db::{self, migrations};
 use crate::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use crate::stdout::{self, StdoutError};
 
 /// `retention.replay_window` of the demo daemon.
 const REPLAY_WINDOW: &str = "5s";
@@ -58,9 +59,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
     out.title(&format!(
         "tombstoned demo: an idempotency record's life, live ({REPLAY_WINDOW} replay window, \
          cleanup every 2 s)"
-    ));
+    ))?;
 
-    out.step("A throwaway PostgreSQL cluster");
+    out.step("A throwaway PostgreSQL cluster")?;
     let starting =
         tokio::task::spawn_blocking(|| ThrowawayCluster::start(&ClusterOptions::default()));
     let cluster = tokio::select! {
@@ -84,10 +85,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         result = story(&mut out, &cluster, workdir.path(), &mut daemon) => result,
     };
     let story_took = started.elapsed();
+    let mut story = story;
     if let (Ok(()), true, Some(d)) = (&story, args.keep, &daemon) {
-        out.keep_notice(d, &cluster, workdir.path());
-        interrupt.recv().await;
-        println!();
+        story = out
+            .keep_notice(d, &cluster, workdir.path())
+            .map_err(Into::into);
+        if story.is_ok() {
+            interrupt.recv().await;
+            story = out.print("\n").map_err(Into::into);
+        }
     }
     if let Some(d) = daemon.take() {
         d.stop().await;
@@ -100,7 +106,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
     drop(workdir);
     match story {
         Err(e) if e.is::<Interrupted>() => {
-            out.done("Interrupted: the daemon is stopped, the cluster and the files are removed.");
+            // Interrupted is the outcome, whether or not anyone still reads this line.
+            let _ = out
+                .done("Interrupted: the daemon is stopped, the cluster and the files are removed.");
             return Ok(Exit::Interrupted);
         }
         Err(e) => return Err(e),
@@ -111,7 +119,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         story_took.as_secs_f64(),
         cluster_dir.display(),
         workdir_path.display()
-    ));
+    ))?;
     Ok(Exit::Success)
 }
 
@@ -154,7 +162,7 @@ async fn story(
         cluster.port(),
         cluster.bin_dir().display(),
         cluster.dir().display()
-    ));
+    ))?;
     // The in-process configuration for migrating and for counting orders; the daemon reads the
     // same settings from the file written below.
     let db_config = Config::load_from(
@@ -174,22 +182,22 @@ async fn story(
         "schema {} migrated: {}",
         db_config.database.schema,
         names.join(", ")
-    ));
+    ))?;
 
-    out.step("The daemon: tombstoned serve");
+    out.step("The daemon: tombstoned serve")?;
     std::fs::write(workdir.join("tokens.toml"), TOKENS).context("cannot write tokens.toml")?;
     let d = daemon.insert(Daemon::start(workdir, &database_url).await?);
     out.line(&format!(
         "pid {}; API on {}, metrics on {}",
         d.pid, d.api, d.metrics
-    ));
+    ))?;
     out.line(&format!(
         "config {}: replay_window = \"{REPLAY_WINDOW}\", cleanup.schedule = \"{CLEANUP_SCHEDULE}\"",
         d.config.display()
-    ));
+    ))?;
     out.why(
         "it answered /readyz with 200: database reachable, schema current, both listeners bound",
-    );
+    )?;
     let d = &*d;
     let client = Client::new(&d.api)?;
 
@@ -203,18 +211,18 @@ async fn story(
         "recipient": "alice@example.com",
     });
 
-    out.step("Create an order");
+    out.step("Create an order")?;
     out.line(&format!(
         "POST /v1/orders  Idempotency-Key: {key}  (alice, 129.00 CNY)"
-    ));
+    ))?;
     let created = client.create(&key, &purchase).await?;
     created.require(201)?;
     let order_url = created.header("location").unwrap_or_default().to_owned();
-    out.answer(&created, &format!("Location: {order_url}"));
-    out.line(&format!("body: {}", excerpt(&created.text, 96)));
-    out.why("a new key: claimed, the order created and this answer stored in ONE transaction");
+    out.answer(&created, &format!("Location: {order_url}"))?;
+    out.line(&format!("body: {}", excerpt(&created.text, 96)))?;
+    out.why("a new key: claimed, the order created and this answer stored in ONE transaction")?;
 
-    out.step("The response is lost; the client retries with the same key and body");
+    out.step("The response is lost; the client retries with the same key and body")?;
     let replayed = client.create(&key, &purchase).await?;
     replayed.require(201)?;
     let same = replayed.text == created.text;
@@ -226,10 +234,10 @@ async fn story(
             if same { "identical to" } else { "DIFFERS from" },
             created.text.len()
         ),
-    );
-    out.why("same key, same intent, inside the replay window: the stored answer, byte for byte; no second order");
+    )?;
+    out.why("same key, same intent, inside the replay window: the stored answer, byte for byte; no second order")?;
 
-    out.step("A bug reuses the key for a different amount");
+    out.step("A bug reuses the key for a different amount")?;
     let other = {
         let mut p = purchase.clone();
         p["amount"] = json!("149.00");
@@ -237,22 +245,22 @@ async fn story(
     };
     let reused = client.create(&key, &other).await?;
     reused.require(422)?;
-    out.answer(&reused, &reused.problem());
+    out.answer(&reused, &reused.problem())?;
     out.why(
         "same key, different fingerprint: refused, and nothing of the stored order is revealed",
-    );
+    )?;
 
-    out.step("What would the cleaner do now? tombstoned cleanup --dry-run");
+    out.step("What would the cleaner do now? tombstoned cleanup --dry-run")?;
     let dry_run = d.dry_run().await?;
     for line in dry_run.lines() {
-        out.quote(line);
+        out.quote(line)?;
     }
     out.why(&format!(
         "nothing is due yet: the record replays for {REPLAY_WINDOW} after its claim (a dry run \
          only reads, in a READ ONLY transaction)"
-    ));
+    ))?;
 
-    out.step("Wait for the cleaner (GET /v1/idempotency-keys/{key})");
+    out.step("Wait for the cleaner (GET /v1/idempotency-keys/{key})")?;
     let claimed_at = created.at;
     let mut last_seen = None;
     let deadline = Instant::now() + CLEANER_PATIENCE;
@@ -280,7 +288,7 @@ async fn story(
                 }
                 (other, _) => other.to_owned(),
             };
-            out.line(&format!("{at:>6}  {what}"));
+            out.line(&format!("{at:>6}  {what}"))?;
             last_seen = Some(seen);
         }
         if expired_at.is_some() {
@@ -295,9 +303,9 @@ async fn story(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    out.why("the scheduled cleaner turned the expired record into a tombstone, in a short batch transaction");
+    out.why("the scheduled cleaner turned the expired record into a tombstone, in a short batch transaction")?;
 
-    out.step("The client retries once more");
+    out.step("The client retries once more")?;
     let late = client.create(&key, &purchase).await?;
     late.require(410)?;
     let problem = late.json()?;
@@ -308,33 +316,33 @@ async fn story(
             late.problem(),
             problem["order_url"].as_str().unwrap_or("?")
         ),
-    );
+    )?;
     let order = client.get(&order_url).await?;
     order.require(200)?;
     let orders = count_orders(&db_config, &request_id).await?;
     out.line(&format!(
         "GET {order_url} -> {}; orders for {request_id}: {orders}",
         order.status
-    ));
+    ))?;
     out.why(
         "past the window a request is never executed again: the answer says where the order is",
-    );
+    )?;
 
-    out.step("The key's status");
+    out.step("The key's status")?;
     let status = client.key_status(&key).await?;
     status.require(200)?;
-    out.answer(&status, "");
+    out.answer(&status, "")?;
     let pretty = serde_json::to_string_pretty(&status.json()?).unwrap_or(status.text.clone());
     for line in pretty.lines() {
-        out.quote(line);
+        out.quote(line)?;
     }
-    out.why("a tombstone keeps scope, key and fingerprint forever (the key cannot buy anything else), never the body");
+    out.why("a tombstone keeps scope, key and fingerprint forever (the key cannot buy anything else), never the body")?;
 
-    out.step("Metrics excerpt (GET /metrics on the metrics listener)");
+    out.step("Metrics excerpt (GET /metrics on the metrics listener)")?;
     let metrics = client.get(&format!("{}/metrics", d.metrics)).await?;
     metrics.require(200)?;
     for line in metrics_excerpt(&metrics.text) {
-        out.quote(&line);
+        out.quote(&line)?;
     }
     Ok(())
 }
@@ -684,7 +692,8 @@ async fn read(what: &str, request: reqwest::RequestBuilder) -> anyhow::Result<An
 }
 
 /// Writes the story to stdout: numbered steps, answers, quotes, and one-line reasons. Bold and
-/// dim only at a terminal, and never with `NO_COLOR` set.
+/// dim only at a terminal, and never with `NO_COLOR` set. A closed stdout is an error (the story
+/// stops, everything is torn down, and the command ends quietly).
 struct Printer {
     step: usize,
     styled: bool,
@@ -706,56 +715,71 @@ impl Printer {
         }
     }
 
-    fn title(&self, text: &str) {
-        println!("{}", self.style("1", text));
+    fn print(&self, text: &str) -> Result<(), StdoutError> {
+        stdout::print(text)
     }
 
-    fn step(&mut self, title: &str) {
+    fn title(&self, text: &str) -> Result<(), StdoutError> {
+        self.print(&format!("{}\n", self.style("1", text)))
+    }
+
+    fn step(&mut self, title: &str) -> Result<(), StdoutError> {
         self.step += 1;
         let head = format!("[{}/{STEPS}] {title}", self.step);
-        println!("\n{}", self.style("1", &head));
+        self.print(&format!("\n{}\n", self.style("1", &head)))
     }
 
-    fn line(&self, text: &str) {
-        println!("      {text}");
+    fn line(&self, text: &str) -> Result<(), StdoutError> {
+        self.print(&format!("      {text}\n"))
     }
 
-    fn quote(&self, text: &str) {
-        println!("      | {text}");
+    fn quote(&self, text: &str) -> Result<(), StdoutError> {
+        self.print(&format!("      | {text}\n"))
     }
 
-    fn answer(&self, answer: &Answer, detail: &str) {
+    fn answer(&self, answer: &Answer, detail: &str) -> Result<(), StdoutError> {
         let mut line = format!("-> {} {}", answer.status, answer.reason);
         if !detail.is_empty() {
             let _ = write!(line, "  {detail}");
         }
-        println!("      {}", self.style("1", &line));
+        self.print(&format!("      {}\n", self.style("1", &line)))
     }
 
-    fn why(&self, text: &str) {
-        println!("      {}", self.style("2", &format!("why: {text}")));
+    fn why(&self, text: &str) -> Result<(), StdoutError> {
+        self.print(&format!(
+            "      {}\n",
+            self.style("2", &format!("why: {text}"))
+        ))
     }
 
-    fn keep_notice(&self, daemon: &Daemon, cluster: &ThrowawayCluster, workdir: &Path) {
-        println!("\n{}", self.style("1", "Still running (--keep):"));
+    fn keep_notice(
+        &self,
+        daemon: &Daemon,
+        cluster: &ThrowawayCluster,
+        workdir: &Path,
+    ) -> Result<(), StdoutError> {
+        self.print(&format!(
+            "\n{}\n",
+            self.style("1", "Still running (--keep):")
+        ))?;
         self.line(&format!(
             "API       {}   e.g. curl -s -H 'Authorization: Bearer {TOKEN}' {}/v1/idempotency-keys/<key>",
             daemon.api, daemon.api
-        ));
-        self.line(&format!("metrics   {}/metrics", daemon.metrics));
+        ))?;
+        self.line(&format!("metrics   {}/metrics", daemon.metrics))?;
         self.line(&format!(
             "database  psql {}   (schema tombstoned)",
             cluster.url("postgres")
-        ));
+        ))?;
         self.line(&format!(
             "files     {} (configuration, tokens, daemon.log)",
             workdir.display()
-        ));
-        println!("Press Ctrl-C to stop the daemon and remove everything.");
+        ))?;
+        self.print("Press Ctrl-C to stop the daemon and remove everything.\n")
     }
 
-    fn done(&self, text: &str) {
-        println!("\n{text}");
+    fn done(&self, text: &str) -> Result<(), StdoutError> {
+        self.print(&format!("\n{text}\n"))
     }
 }
 

@@ -47,4 +47,5 @@ pub mod pg_cluster;
 pub mod readiness;
 pub mod schedule;
 pub mod scheduler;
+pub mod stdout;
 pub mod systemd;

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::{dry_run_with_purge, run_once, DryRunReport, Lease, RunLimits, RunReport};
 use crate::cli::{CleanupArgs, Exit};
 use crate::config::Config;
+use crate::stdout;
 
 /// Runs `tombstoned cleanup [--dry-run] [--json] [--explain] [--max-batches N]`.
 ///
@@ -33,9 +34,9 @@ pub async fn command(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit
         .await
         .context("dry run failed")?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
+            stdout::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
         } else {
-            print!("{}", render_dry_run(&report));
+            stdout::print(&render_dry_run(&report))?;
         }
         return Ok(Exit::Success);
     }
@@ -71,9 +72,9 @@ pub async fn command(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit
     }
     let report = result.context("cleanup run failed")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        stdout::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
-        print!("{}", render_run(&report));
+        stdout::print(&render_run(&report))?;
     }
     Ok(Exit::Success)
 }
