@@ -406,9 +406,10 @@ async fn fire(
     match result {
         Ok(report) => done(report.outcome, Some(report), None, true),
         Err(e) => {
-            // run_once counted and logged it.
-            let reachable = !e.is_unavailable();
-            done(RunOutcome::Failed, None, Some(e.summary()), reachable)
+            // run_once counted it; reporting it is ours.
+            let error = e.summary();
+            tracing::warn!(error = %error, "cleanup run failed; next try at the next fire time");
+            done(RunOutcome::Failed, None, Some(error), !e.is_unavailable())
         }
     }
 }

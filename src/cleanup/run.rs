@@ -149,7 +149,8 @@ fn optional_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<
 ///
 /// `shutdown` is checked between batches, never inside one. With `metrics`, every batch, row,
 /// lock timeout and database error is counted, and the run's outcome, duration, backlog and
-/// last-success time are recorded.
+/// last-success time are recorded. A finished run is logged; a failed one is returned, not
+/// logged: reporting it is the caller's.
 #[tracing::instrument(name = "cleanup_run", skip_all, fields(schema = %db.schema))]
 pub async fn run_once(
     db: &DatabaseConfig,
@@ -181,10 +182,9 @@ pub async fn run_once(
                 "cleanup run finished"
             );
         }
-        Err(e) => {
-            meter.run_failed(e, started.elapsed());
-            tracing::warn!(error = %e.summary(), "cleanup run failed");
-        }
+        // Counted, not logged: the caller reports a failure, once (the scheduler in its log and
+        // status, `tombstoned cleanup` on its error line).
+        Err(e) => meter.run_failed(e, started.elapsed()),
     }
     result
 }

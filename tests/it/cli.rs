@@ -70,3 +70,49 @@ async fn printing_commands_end_quietly_when_stdout_is_closed() {
     let args = ["demo"];
     assert_quiet_success(&args, &with_closed_stdout(&args, None).await);
 }
+
+#[tokio::test]
+async fn a_failed_cleanup_run_is_reported_once_without_the_server_detail() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    seed_live(&client, "refused", 5, DUE).await;
+    // A real server error with a DETAIL and a HINT on every tombstoning UPDATE.
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse_tombstoning() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 RAISE EXCEPTION 'tombstoning refused by a test trigger'
+                     USING DETAIL = 'Key (idempotency_key)=(secret-detail-key)',
+                           HINT = 'secret-hint';
+             END $$;
+             CREATE TRIGGER refuse_tombstoning BEFORE UPDATE ON idempotency_records
+                 FOR EACH ROW EXECUTE FUNCTION refuse_tombstoning();",
+        )
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(binary())
+            .arg("cleanup")
+            .env_clear()
+            .env("TOMBSTONED_DATABASE_URL", url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(70), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("tombstoning refused by a test trigger")
+            .count(),
+        1,
+        "the failure is reported exactly once:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("tombstoned: error: cleanup run failed: ") && stderr.contains("P0001"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("secret"), "{stderr}");
+}
