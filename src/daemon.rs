@@ -167,7 +167,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     if let Some(task) = api_task {
         match tokio::time::timeout(API_DRAIN_TIMEOUT, task).await {
             Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::error!(error = %format!("{e:#}"), "HTTP server failed"),
+            Ok(Ok(Err(e))) => tracing::error!(error = %db::error_text(&e), "HTTP server failed"),
             Ok(Err(e)) => tracing::error!(error = %e, "HTTP server task failed"),
             Err(_) => tracing::warn!(
                 timeout = ?API_DRAIN_TIMEOUT,
@@ -187,7 +187,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     }
     match ops_task.await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %format!("{e:#}"), "metrics listener failed"),
+        Ok(Err(e)) => tracing::error!(error = %db::error_text(&e), "metrics listener failed"),
         Err(e) => tracing::error!(error = %e, "metrics listener task failed"),
     }
     tracing::info!("tombstoned stopped");
@@ -452,7 +452,7 @@ fn reload(
         Ok(new) => new,
         Err(e) => {
             tracing::error!(
-                error = %format!("{e:#}"),
+                error = %db::error_text(&e),
                 "configuration reload rejected; keeping the running configuration"
             );
             return current.clone();
@@ -496,7 +496,7 @@ fn reload(
     if let Some(api) = api {
         if let Err(e) = api.reload(&applied) {
             tracing::error!(
-                error = %format!("{e:#}"),
+                error = %db::error_text(&e),
                 "API reload failed; the previous tokens stay in force"
             );
         }

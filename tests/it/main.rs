@@ -12,6 +12,7 @@ mod cleanup;
 mod cleanup_support;
 mod cli;
 mod daemon;
+mod daemon_reload;
 mod daemon_support;
 mod demo;
 mod error_text;
