@@ -426,6 +426,44 @@ impl Config {
         config.source = path.map(Path::to_path_buf);
         Ok(config)
     }
+
+    /// The keys whose value differs in `new` but takes effect only after a restart, in file
+    /// order: the database connection (sessions and the pool are opened with it), the listen
+    /// addresses (bound at start-up) and whether the API runs at all. Everything else is applied
+    /// by a reload; [`Config::reloaded`] keeps exactly these at their running value.
+    pub fn restart_required_changes(&self, new: &Config) -> Vec<&'static str> {
+        let (old, db) = (self, &self.database);
+        [
+            ("database.url", db.url.expose() != new.database.url.expose()),
+            ("database.schema", db.schema != new.database.schema),
+            ("database.pool_size", db.pool_size != new.database.pool_size),
+            (
+                "database.connect_timeout",
+                db.connect_timeout != new.database.connect_timeout,
+            ),
+            ("api.enabled", old.api.enabled != new.api.enabled),
+            ("api.listen", old.api.listen != new.api.listen),
+            ("metrics.listen", old.metrics.listen != new.metrics.listen),
+        ]
+        .into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+    }
+
+    /// What a reload applies: `new`, except the settings [`Config::restart_required_changes`]
+    /// names, which keep their running value (`self`'s) until the restart.
+    pub fn reloaded(&self, new: Config) -> Config {
+        Config {
+            database: self.database.clone(),
+            api: ApiConfig {
+                enabled: self.api.enabled,
+                listen: self.api.listen,
+                ..new.api
+            },
+            metrics: self.metrics.clone(),
+            ..new
+        }
+    }
 }
 
 fn section_mut<'t>(table: &'t mut toml::Table, section: &str) -> &'t mut toml::Table {
@@ -890,6 +928,55 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("expected an integer"), "{e}");
+    }
+
+    #[test]
+    fn a_reload_names_and_keeps_every_restart_only_setting() {
+        let running = Config::load_from(None, env(&[]), &[]).unwrap();
+        let changed = [
+            (
+                "TOMBSTONED_DATABASE_URL",
+                "postgresql://other@h/db",
+                "database.url",
+            ),
+            ("TOMBSTONED_DATABASE__SCHEMA", "other", "database.schema"),
+            ("TOMBSTONED_DATABASE__POOL_SIZE", "3", "database.pool_size"),
+            (
+                "TOMBSTONED_DATABASE__CONNECT_TIMEOUT",
+                "9s",
+                "database.connect_timeout",
+            ),
+            ("TOMBSTONED_API__ENABLED", "false", "api.enabled"),
+            ("TOMBSTONED_API__LISTEN", "127.0.0.1:1", "api.listen"),
+            (
+                "TOMBSTONED_METRICS__LISTEN",
+                "127.0.0.1:2",
+                "metrics.listen",
+            ),
+        ];
+        for (var, value, key) in changed {
+            let new = Config::load_from(None, env(&[(var, value)]), &[]).unwrap();
+            assert_eq!(running.restart_required_changes(&new), [key], "{var}");
+        }
+        let every: Vec<(&str, &str)> = changed.iter().map(|(v, x, _)| (*v, *x)).collect();
+        let reloadable = [
+            ("TOMBSTONED_CLEANUP__BATCH_SIZE", "7"),
+            ("TOMBSTONED_RETENTION__REPLAY_WINDOW", "1h"),
+            ("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "3s"),
+        ];
+        let new =
+            Config::load_from(None, env(&[&every[..], &reloadable[..]].concat()), &[]).unwrap();
+        let keys: Vec<&str> = changed.iter().map(|(_, _, key)| *key).collect();
+        assert_eq!(running.restart_required_changes(&new), keys);
+        assert!(running
+            .restart_required_changes(&running.clone())
+            .is_empty());
+
+        let applied = running.reloaded(new);
+        assert!(running.restart_required_changes(&applied).is_empty());
+        assert_eq!(applied.cleanup.batch_size, 7);
+        assert_eq!(applied.retention.replay_window, Duration::from_secs(3600));
+        assert_eq!(applied.api.claim_lock_timeout, Duration::from_secs(3));
     }
 
     #[test]

@@ -458,28 +458,7 @@ fn reload(
             return current.clone();
         }
     };
-    let mut needs_restart = Vec::new();
-    if new.database.url.expose() != current.database.url.expose() {
-        needs_restart.push("database.url");
-    }
-    if new.database.schema != current.database.schema {
-        needs_restart.push("database.schema");
-    }
-    if new.database.pool_size != current.database.pool_size {
-        needs_restart.push("database.pool_size");
-    }
-    if new.database.connect_timeout != current.database.connect_timeout {
-        needs_restart.push("database.connect_timeout");
-    }
-    if new.api.enabled != current.api.enabled {
-        needs_restart.push("api.enabled");
-    }
-    if new.api.listen != current.api.listen {
-        needs_restart.push("api.listen");
-    }
-    if new.metrics.listen != current.metrics.listen {
-        needs_restart.push("metrics.listen");
-    }
+    let needs_restart = current.restart_required_changes(&new);
     if !needs_restart.is_empty() {
         tracing::warn!(
             keys = %needs_restart.join(", "),
@@ -487,12 +466,7 @@ fn reload(
         );
     }
     // What can change safely is applied; the rest keeps its running value until restart.
-    let mut applied = new.clone();
-    applied.database = current.database.clone();
-    applied.api.enabled = current.api.enabled;
-    applied.api.listen = current.api.listen;
-    applied.metrics = current.metrics.clone();
-    let applied = Arc::new(applied);
+    let applied = Arc::new(current.reloaded(new));
     if let Some(api) = api {
         if let Err(e) = api.reload(&applied) {
             tracing::error!(

@@ -20,9 +20,9 @@ use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use sd_notify::NotifyState;
 use tokio::task::JoinHandle;
@@ -344,42 +344,6 @@ impl Notifier {
     }
 }
 
-/// A loop's promise to report again within a bound: what "the loop is alive" means to the
-/// watchdog. The loop calls [`Heartbeat::beat`] whenever it makes progress, saying when the next
-/// beat is due at the latest (before sleeping until the next fire time: that time plus a margin;
-/// before a run: the longest a run may take). Cheap to clone; clones share the deadline.
-#[derive(Debug, Clone)]
-pub struct Heartbeat {
-    origin: Instant,
-    /// Milliseconds after `origin` by which the next beat is due.
-    deadline_ms: Arc<AtomicU64>,
-}
-
-impl Heartbeat {
-    /// A heartbeat whose first beat is due within `first_within`.
-    pub fn new(first_within: Duration) -> Self {
-        let heartbeat = Heartbeat {
-            origin: Instant::now(),
-            deadline_ms: Arc::new(AtomicU64::new(0)),
-        };
-        heartbeat.beat(first_within);
-        heartbeat
-    }
-
-    /// Records progress now; the next beat is due within `next_within`.
-    pub fn beat(&self, next_within: Duration) {
-        let deadline = self.origin.elapsed().saturating_add(next_within);
-        let ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
-        self.deadline_ms.store(ms, Ordering::Release);
-    }
-
-    /// True when the promised beat did not come in time.
-    pub fn is_overdue(&self) -> bool {
-        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        now > self.deadline_ms.load(Ordering::Acquire)
-    }
-}
-
 /// Parses `NOTIFY_SOCKET`: an absolute path, or `@name` for the abstract namespace.
 fn socket_address(raw: &OsStr) -> Result<SocketAddr, NotifyError> {
     let bytes = raw.as_bytes();
@@ -454,6 +418,7 @@ fn status_text(status: &str) -> String {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+    use std::time::Instant;
 
     /// A bound datagram socket standing in for systemd's, in a directory of its own.
     struct FakeManager {
@@ -736,17 +701,5 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-    }
-
-    #[test]
-    fn heartbeat_is_overdue_only_after_its_promise() {
-        let heartbeat = Heartbeat::new(Duration::from_secs(3600));
-        assert!(!heartbeat.is_overdue());
-        heartbeat.beat(Duration::ZERO);
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(heartbeat.is_overdue());
-        let clone = heartbeat.clone();
-        clone.beat(Duration::from_secs(3600));
-        assert!(!heartbeat.is_overdue(), "clones share the deadline");
     }
 }

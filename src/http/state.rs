@@ -1,7 +1,6 @@
 //! The API's shared state: the connection pool, the metrics, and the reloadable part (tokens,
 //! rate limiter, claim settings, request limits) swapped as one snapshot on reload.
 
-use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -34,32 +33,11 @@ pub(crate) struct Live {
     pub tokens_file: PathBuf,
 }
 
-/// Settings that need a restart; a reload that changes them says so in the log.
-#[derive(Debug, Clone, PartialEq)]
-struct RestartOnly {
-    listen: SocketAddr,
-    database_url: String,
-    schema: String,
-    pool_size: usize,
-}
-
-impl RestartOnly {
-    fn of(config: &Config) -> Self {
-        Self {
-            listen: config.api.listen,
-            database_url: config.database.url.to_string(),
-            schema: config.database.schema.clone(),
-            pool_size: config.database.pool_size,
-        }
-    }
-}
-
 struct Inner {
     pool: Pool,
     metrics: Arc<Metrics>,
     live: RwLock<Arc<Live>>,
     tasks: TaskTracker,
-    restart_only: RestartOnly,
 }
 
 /// The API's state: cheap to clone (one `Arc`).
@@ -97,7 +75,6 @@ impl ApiState {
                 metrics,
                 live: RwLock::new(Arc::new(live)),
                 tasks: TaskTracker::new(),
-                restart_only: RestartOnly::of(config),
             }),
         })
     }
@@ -107,16 +84,11 @@ impl ApiState {
     /// `api.default_api_version`, `api.rate_limit_per_second`/`_burst` (the limiter restarts
     /// only when they change), `api.tokens_file`, `retention.replay_window`. All or nothing: when
     /// the tokens file is broken the previous tokens *and* settings stay and the error is
-    /// returned for logging. `api.listen` and `database.*` need a restart (logged as a warning).
+    /// returned for logging. `api.listen` and `database.*` need a restart; the daemon names
+    /// the ones that changed ([`Config::restart_required_changes`]).
     pub fn reload(&self, config: &Config) -> Result<(), ApiError> {
         let current = self.live();
         let live = build_live(config, Some(&current))?;
-        if RestartOnly::of(config) != self.inner.restart_only {
-            tracing::warn!(
-                "api.listen, database.url, database.schema and database.pool_size changes take \
-                 effect only after a restart"
-            );
-        }
         tracing::info!(
             tokens = live.tokens.len(),
             file = %live.tokens_file.display(),

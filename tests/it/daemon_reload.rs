@@ -40,3 +40,22 @@ async fn a_reload_refused_for_a_missing_file_logs_the_reason() {
     assert_eq!(daemon.ops_get("/readyz").await.status, 200);
     stop(daemon).await;
 }
+
+#[tokio::test]
+async fn a_reload_names_the_changed_settings_that_need_a_restart() {
+    let db = TestDb::new().await;
+    let daemon = json_daemon(&db).await;
+    daemon.rewrite_config("[database]\npool_size = 3\n[cleanup]\nbatch_size = 7");
+    daemon.signal(Signal::SIGHUP);
+    daemon.wait_for_log(&["configuration reloaded"]).await;
+    let warnings: Vec<Value> = daemon
+        .log()
+        .lines()
+        .filter(|l| l.contains("after a restart"))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0]["level"], "WARN");
+    assert_eq!(warnings[0]["keys"], "database.pool_size", "{warnings:?}");
+    stop(daemon).await;
+}
