@@ -19,14 +19,12 @@
 //!
 //! When runs happen is [`crate::scheduler`]'s business; the single-runner lease is [`Lease`].
 
-mod command;
 mod dry_run;
 mod keyset;
 mod lease;
 mod run;
 pub mod sql;
 
-pub use command::command;
 pub use dry_run::{dry_run, dry_run_with_purge, DryRunReport, DueCount, PurgePreview};
 pub use lease::{lease_key, Lease};
 pub use run::{run_once, RunLimits, RunOutcome, RunReport, StopReason};

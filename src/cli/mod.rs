@@ -15,6 +15,8 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod cleanup;
+
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -259,7 +261,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     match cli.command {
         Command::CheckConfig => check_config(&config),
         Command::Migrate(args) => runtime()?.block_on(migrate(&config, args)),
-        Command::Cleanup(args) => runtime()?.block_on(crate::cleanup::command(&config, &args)),
+        Command::Cleanup(args) => runtime()?.block_on(cleanup::command(&config, &args)),
         Command::Serve => runtime()?.block_on(crate::daemon::serve(config, cli.config)),
         Command::Demo(_) => unreachable!("handled above"),
     }

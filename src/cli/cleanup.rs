@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use super::{dry_run_with_purge, run_once, DryRunReport, Lease, RunLimits, RunReport};
-use crate::cli::{CleanupArgs, Exit};
+use super::{CleanupArgs, Exit};
+use crate::cleanup::{dry_run_with_purge, run_once, DryRunReport, Lease, RunLimits, RunReport};
 use crate::config::Config;
 use crate::stdout;
 
@@ -119,10 +119,10 @@ fn timestamp(t: chrono::DateTime<chrono::Utc>) -> String {
 pub(crate) fn render_run(r: &RunReport) -> String {
     let mut out = String::new();
     let stopped = match r.stopped_by {
-        super::StopReason::Finished => "finished",
-        super::StopReason::MaxRunTime => "stopped at cleanup.max_run_time",
-        super::StopReason::MaxBatches => "stopped at --max-batches",
-        super::StopReason::Shutdown => "stopped by a signal",
+        crate::cleanup::StopReason::Finished => "finished",
+        crate::cleanup::StopReason::MaxRunTime => "stopped at cleanup.max_run_time",
+        crate::cleanup::StopReason::MaxBatches => "stopped at --max-batches",
+        crate::cleanup::StopReason::Shutdown => "stopped by a signal",
     };
     let _ = writeln!(out, "cleanup {stopped} (cutoff {})", timestamp(r.cutoff));
     let _ = writeln!(out, "  rows tombstoned   {}", r.rows_tombstoned);
