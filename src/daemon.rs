@@ -17,9 +17,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::Exit;
 use crate::config::Config;
 use crate::db::{self, migrations};
+use crate::exit::Exit;
 use crate::http::{self, ApiState};
 use crate::metrics::Metrics;
 use crate::ops_server::{self, OpsState};
@@ -161,7 +161,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             _ = int.recv() => {}
         }
         tracing::warn!("second signal: exiting at once");
-        std::process::exit(Exit::Interrupted as i32);
+        std::process::exit(Exit::Interrupted.code());
     });
     stop_work.cancel();
     if let Some(task) = api_task {

@@ -20,9 +20,10 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::{DemoArgs, Exit};
+use crate::cli::DemoArgs;
 use crate::config::Config;
 use crate::db::{self, migrations};
+use crate::exit::Exit;
 use crate::pg_cluster::{ClusterOptions, ThrowawayCluster};
 use crate::stdout::{self, StdoutError};
 

@@ -36,6 +36,7 @@ pub mod config;
 pub mod daemon;
 pub mod db;
 pub mod demo;
+pub mod exit;
 pub mod fingerprint;
 pub mod http;
 pub mod lookup;

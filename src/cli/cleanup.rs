@@ -7,9 +7,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use super::{CleanupArgs, Exit};
+use super::CleanupArgs;
 use crate::cleanup::{dry_run_with_purge, run_once, DryRunReport, Lease, RunLimits, RunReport};
 use crate::config::Config;
+use crate::exit::Exit;
 use crate::stdout;
 
 /// Runs `tombstoned cleanup [--dry-run] [--json] [--explain] [--max-batches N]`.
@@ -99,7 +100,7 @@ async fn stop_on_signal(shutdown: CancellationToken) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    std::process::exit(Exit::Interrupted as i32);
+    std::process::exit(Exit::Interrupted.code());
 }
 
 fn secs(d: Duration) -> String {

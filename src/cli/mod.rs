@@ -1,14 +1,5 @@
 //! The command line: argument parsing, logging set-up, dispatch to the commands, and the mapping
-//! of every outcome to a documented exit status.
-//!
-//! | status | meaning |
-//! |---|---|
-//! | 0  | success |
-//! | 64 | bad usage or configuration (EX_USAGE) |
-//! | 69 | database unavailable, or its schema not current (EX_UNAVAILABLE) |
-//! | 70 | internal error (EX_SOFTWARE) |
-//! | 75 | temporary refusal: `cleanup` found another instance holding the cleanup lease (EX_TEMPFAIL) |
-//! | 130 | a second SIGINT/SIGTERM during a graceful stop: exit at once, open transactions roll back |
+//! of every outcome to a documented exit status ([`Exit`]).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -22,30 +13,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Config, ConfigError, Override};
 use crate::db::{self, migrations, DbError, ErrorClass};
+use crate::exit::Exit;
 use crate::stdout::{self, StdoutError};
-
-/// Exit statuses, after sysexits.h.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    /// 0
-    Success = 0,
-    /// 64: bad usage or configuration.
-    Usage = 64,
-    /// 69: the database (or the PostgreSQL installation the demo needs) is unavailable.
-    Unavailable = 69,
-    /// 70: anything else.
-    Software = 70,
-    /// 75: try again later (`cleanup` while another instance holds the cleanup lease).
-    TempFail = 75,
-    /// 130: a second signal ended a graceful stop at once.
-    Interrupted = 130,
-}
-
-impl From<Exit> for ExitCode {
-    fn from(e: Exit) -> Self {
-        ExitCode::from(e as u8)
-    }
-}
 
 /// tombstoned: idempotency records that stay honest over time.
 #[derive(Debug, Parser)]

@@ -842,7 +842,7 @@ async fn connection_loss_fails_the_run_cleanly_and_the_next_run_reconnects() {
     assert!(error.summary().contains("57P01"), "{}", error.summary());
     assert_eq!(
         tombstoned::cli::exit_for(&anyhow::Error::new(error)),
-        tombstoned::cli::Exit::Unavailable
+        tombstoned::exit::Exit::Unavailable
     );
     assert_eq!(metrics.cleanup_runs.with_label_values(&["failed"]).get(), 1);
     assert_eq!(counts(&observer).await.0, 10, "only the committed batch");
