@@ -12,19 +12,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::db::{self, migrations};
-use crate::exit::Exit;
 use crate::http::{self, ApiState};
 use crate::metrics::Metrics;
 use crate::ops_server::{self, OpsState};
 use crate::readiness::ReadinessProbe;
 use crate::scheduler::{Scheduler, SchedulerState, SchedulerStatus};
+use crate::signals::GracefulStop;
 use crate::systemd::Notifier;
 
 /// How long in-flight API requests may take to finish after SIGTERM.
@@ -51,7 +51,7 @@ const SCHEDULER_STALL: Duration = Duration::from_secs(10);
 const RUN_SLACK: Duration = Duration::from_secs(60);
 
 /// Runs the daemon until SIGTERM or SIGINT. `config_path` is re-read on SIGHUP.
-pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Result<Exit> {
+pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let notifier = Notifier::from_env();
     let metrics = Arc::new(Metrics::new().context("cannot register the metrics")?);
 
@@ -136,14 +136,17 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     );
 
     // Signals: SIGHUP reloads; the first SIGTERM/SIGINT stops gracefully, a second exits at once.
-    let mut term = unix_signal(SignalKind::terminate())?;
-    let mut int = unix_signal(SignalKind::interrupt())?;
-    let mut hup = unix_signal(SignalKind::hangup())?;
+    let signalled = CancellationToken::new();
+    GracefulStop::install()?.spawn(
+        signalled.clone(),
+        Some("shutting down: draining API requests, finishing the current cleanup batch"),
+        "second signal: exiting at once",
+    );
+    let mut hup = signal(SignalKind::hangup()).context("cannot install a handler for SIGHUP")?;
     let mut current = Arc::new(config);
     loop {
         tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = signalled.cancelled() => break,
             _ = hup.recv() => {
                 notifier.reloading();
                 current = reload(config_path.as_deref(), &current, &config_tx, api_state.as_ref());
@@ -152,17 +155,8 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         }
     }
 
-    tracing::info!("shutting down: draining API requests, finishing the current cleanup batch");
     notifier.stopping();
     readiness.mark_shutting_down();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("second signal: exiting at once");
-        std::process::exit(Exit::Interrupted.code());
-    });
     stop_work.cancel();
     if let Some(task) = api_task {
         match tokio::time::timeout(API_DRAIN_TIMEOUT, task).await {
@@ -191,7 +185,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         Err(e) => tracing::error!(error = %e, "metrics listener task failed"),
     }
     tracing::info!("tombstoned stopped");
-    Ok(Exit::Success)
+    Ok(())
 }
 
 /// A listener could not be bound: a configuration problem (exit status 64).
@@ -205,15 +199,6 @@ pub struct ListenError {
     /// Why.
     #[source]
     pub source: std::io::Error,
-}
-
-fn unix_signal(kind: SignalKind) -> anyhow::Result<Signal> {
-    signal(kind).with_context(|| {
-        format!(
-            "cannot install a handler for signal {}",
-            kind.as_raw_value()
-        )
-    })
 }
 
 fn ready_line(config: &Config, status: &SchedulerStatus) -> String {

@@ -18,13 +18,12 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
 
-use crate::cli::DemoArgs;
 use crate::config::Config;
 use crate::db::{self, migrations};
-use crate::exit::Exit;
 use crate::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use crate::signals::GracefulStop;
 use crate::stdout::{self, StdoutError};
 
 /// `retention.replay_window` of the demo daemon.
@@ -51,12 +50,35 @@ const ENV_DROPPED: &[&str] = &[
     "WATCHDOG_PID",
 ];
 
-/// Runs the demo. Exit 0 when the story ran through (or `--keep` ended with Ctrl-C), 69 when no
-/// PostgreSQL server binaries are installed, 130 when interrupted.
-pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
+/// What `tombstoned demo` was asked for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DemoOptions {
+    /// Leave the cluster and the daemon running at the end, until a signal.
+    pub keep: bool,
+}
+
+/// How the demo ended (a failure is an error: no PostgreSQL server binaries, a step that did not
+/// answer as the protocol says, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// The story ran through (with `keep`: and a signal ended the wait).
+    Completed,
+    /// A signal stopped the story; everything was torn down.
+    Interrupted,
+}
+
+/// Runs the demo. SIGINT/SIGTERM stop the story and tear everything down; a second signal exits
+/// at once (130), leaving whatever was not yet removed.
+pub async fn run(options: DemoOptions) -> anyhow::Result<Finished> {
     let started = Instant::now();
     let mut out = Printer::new();
-    let mut interrupt = Interrupt::new()?;
+    let interrupted = CancellationToken::new();
+    GracefulStop::install()?.spawn(
+        interrupted.clone(),
+        None,
+        "second signal: exiting at once; the demo's daemon and cluster may be left running \
+         (their paths are printed above)",
+    );
     out.title(&format!(
         "tombstoned demo: an idempotency record's life, live ({REPLAY_WINDOW} replay window, \
          cleanup every 2 s)"
@@ -68,7 +90,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
     let cluster = tokio::select! {
         biased;
         // The start-up task runs on; the cluster it returns is dropped (removed) unused.
-        () = interrupt.recv() => return Ok(Exit::Interrupted),
+        () = interrupted.cancelled() => return Ok(Finished::Interrupted),
         started = starting => started
             .context("the cluster start-up task failed")?
             .context("cannot start a throwaway PostgreSQL cluster")?,
@@ -80,19 +102,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
 
     // From here on, everything is torn down whatever happens in the story.
     let mut daemon = None;
-    let story = tokio::select! {
+    let mut story = tokio::select! {
         biased;
-        () = interrupt.recv() => Err(Interrupted.into()),
+        () = interrupted.cancelled() => Err(Interrupted.into()),
         result = story(&mut out, &cluster, workdir.path(), &mut daemon) => result,
     };
     let story_took = started.elapsed();
-    let mut story = story;
-    if let (Ok(()), true, Some(d)) = (&story, args.keep, &daemon) {
+    if let (Ok(()), true, Some(d)) = (&story, options.keep, &daemon) {
         story = out
             .keep_notice(d, &cluster, workdir.path())
             .map_err(Into::into);
         if story.is_ok() {
-            interrupt.recv().await;
+            interrupted.cancelled().await;
             story = out.print("\n").map_err(Into::into);
         }
     }
@@ -110,7 +131,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
             // Interrupted is the outcome, whether or not anyone still reads this line.
             let _ = out
                 .done("Interrupted: the daemon is stopped, the cluster and the files are removed.");
-            return Ok(Exit::Interrupted);
+            return Ok(Finished::Interrupted);
         }
         Err(e) => return Err(e),
         Ok(()) => {}
@@ -121,35 +142,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
         cluster_dir.display(),
         workdir_path.display()
     ))?;
-    Ok(Exit::Success)
+    Ok(Finished::Completed)
 }
 
 /// The demo was interrupted by Ctrl-C or SIGTERM.
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted")]
 struct Interrupted;
-
-/// SIGINT and SIGTERM, listened to from the start so that Ctrl-C leads to a clean tear-down.
-struct Interrupt {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-}
-
-impl Interrupt {
-    fn new() -> anyhow::Result<Self> {
-        Ok(Interrupt {
-            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
-            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
-        })
-    }
-
-    async fn recv(&mut self) {
-        tokio::select! {
-            _ = self.int.recv() => {}
-            _ = self.term.recv() => {}
-        }
-    }
-}
 
 async fn story(
     out: &mut Printer,

@@ -48,5 +48,6 @@ pub mod pg_cluster;
 pub mod readiness;
 pub mod schedule;
 pub mod scheduler;
+pub mod signals;
 pub mod stdout;
 pub mod systemd;

@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 use super::CleanupArgs;
 use crate::cleanup::{dry_run_with_purge, run_once, DryRunReport, Lease, RunLimits, RunReport};
 use crate::config::Config;
+use crate::db;
 use crate::exit::Exit;
+use crate::signals::GracefulStop;
 use crate::stdout;
 
 /// Runs `tombstoned cleanup [--dry-run] [--json] [--explain] [--max-batches N]`.
@@ -20,9 +22,9 @@ use crate::stdout;
 /// again later"), so a timer-driven one-shot on an HA pair does not clean twice. SIGINT/SIGTERM
 /// let the current batch commit or roll back and end the run early (reported, exit 0); a second
 /// signal exits at once (130) — the open batch, if any, rolls back with the connection.
-pub async fn command(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit> {
+pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit> {
     if args.explain && !args.dry_run {
-        eprintln!("tombstoned: --explain needs --dry-run");
+        super::say("--explain needs --dry-run");
         return Ok(Exit::Usage);
     }
     if args.dry_run {
@@ -46,15 +48,27 @@ pub async fn command(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit
         .await
         .context("cannot take the cleanup lease")?
     else {
-        eprintln!(
-            "tombstoned: another instance is cleaning schema {} (it holds the cleanup lease); \
-             nothing was done",
+        super::say(&format!(
+            "another instance is cleaning schema {} (it holds the cleanup lease); nothing was \
+             done",
             config.database.schema
-        );
+        ));
         return Ok(Exit::TempFail);
     };
     let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(stop_on_signal(shutdown.clone()));
+    match GracefulStop::install() {
+        Ok(signals) => {
+            signals.spawn(
+                shutdown.clone(),
+                Some("stopping after the current batch (signal again to exit at once)"),
+                "second signal: exiting at once",
+            );
+        }
+        Err(e) => tracing::warn!(
+            error = %db::error_text(&e),
+            "a signal ends the run at once, without letting its batch finish"
+        ),
+    }
     let result = run_once(
         &config.database,
         &config.cleanup,
@@ -66,7 +80,6 @@ pub async fn command(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit
         None,
     )
     .await;
-    signals.abort();
     if let Err(e) = lease.release().await {
         // Closing the session (dropping the lease) releases it anyway.
         tracing::warn!(error = %e.summary(), "could not release the cleanup lease");
@@ -78,29 +91,6 @@ pub async fn command(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit
         stdout::print(&render_run(&report))?;
     }
     Ok(Exit::Success)
-}
-
-/// First SIGINT/SIGTERM: stop between batches. Second: exit now.
-async fn stop_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot install signal handlers; a signal ends the run at once");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::info!("stopping after the current batch (signal again to exit at once)");
-    shutdown.cancel();
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    std::process::exit(Exit::Interrupted.code());
 }
 
 fn secs(d: Duration) -> String {

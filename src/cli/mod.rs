@@ -1,12 +1,16 @@
-//! The command line: argument parsing, logging set-up, dispatch to the commands, and the mapping
-//! of every outcome to a documented exit status ([`Exit`]).
+//! The command line, the binary's edge: argument parsing, logging set-up, dispatch to one file
+//! per command, and the mapping of every outcome to a documented exit status ([`Exit`]), with
+//! the one place an error is printed. Only `main.rs` uses this module; nothing below it prints.
 
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod check_config;
 mod cleanup;
+mod demo;
+mod migrate;
+mod serve;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -14,7 +18,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::{Config, ConfigError, Override};
 use crate::db::{self, migrations, DbError, ErrorClass};
 use crate::exit::Exit;
-use crate::stdout::{self, StdoutError};
+use crate::stdout::StdoutError;
 
 /// tombstoned: idempotency records that stay honest over time.
 #[derive(Debug, Parser)]
@@ -118,15 +122,16 @@ pub fn main() -> ExitCode {
         // The reader of our output went away (`| head`): nothing more to say, to anyone.
         Err(e) if stdout_closed(&e) => Exit::Success.into(),
         Err(e) => {
-            // stderr may be gone too; there is nowhere left to report that.
-            let _ = writeln!(
-                std::io::stderr(),
-                "tombstoned: error: {}",
-                db::error_text(e.as_ref())
-            );
+            say(&format!("error: {}", db::error_text(e.as_ref())));
             exit_for(&e).into()
         }
     }
+}
+
+/// One line on stderr, `tombstoned: ` first. The only place the edge prints to stderr; when
+/// stderr is gone too there is nowhere left to say so.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "tombstoned: {line}");
 }
 
 /// Whether `e` is (or was caused by) standard output's reader going away.
@@ -224,141 +229,16 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     }
     if let Command::Demo(args) = cli.command {
         // The demo makes its own configuration around a throwaway cluster.
-        return runtime()?.block_on(crate::demo::run(args));
+        return runtime()?.block_on(demo::run(args));
     }
     let config = Config::load(cli.config.as_deref(), &overrides)?;
     match cli.command {
-        Command::CheckConfig => check_config(&config),
-        Command::Migrate(args) => runtime()?.block_on(migrate(&config, args)),
-        Command::Cleanup(args) => runtime()?.block_on(cleanup::command(&config, &args)),
-        Command::Serve => runtime()?.block_on(crate::daemon::serve(config, cli.config)),
+        Command::CheckConfig => check_config::run(&config),
+        Command::Migrate(args) => runtime()?.block_on(migrate::run(&config, args)),
+        Command::Cleanup(args) => runtime()?.block_on(cleanup::run(&config, &args)),
+        Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
         Command::Demo(_) => unreachable!("handled above"),
     }
-}
-
-fn check_config(config: &Config) -> anyhow::Result<Exit> {
-    let mut out = String::new();
-    let origin = config
-        .source
-        .as_ref()
-        .map_or("built-in defaults and environment".to_owned(), |p| {
-            p.display().to_string()
-        });
-    let _ = writeln!(out, "configuration OK ({origin})");
-    let _ = writeln!(
-        out,
-        "database: {} (schema {}, pool {} connections)",
-        config.database.url, config.database.schema, config.database.pool_size
-    );
-    let purge = config.retention.purge_tombstones_after.map_or(
-        "off (tombstones are kept forever)".to_owned(),
-        |d| {
-            format!(
-                "after {} (purged keys can be used again)",
-                humantime::format_duration(d)
-            )
-        },
-    );
-    let _ = writeln!(
-        out,
-        "retention: replay window {}, purge {purge}",
-        humantime::format_duration(config.retention.replay_window)
-    );
-    let c = &config.cleanup;
-    let _ = writeln!(
-        out,
-        "cleanup: {}, batches of {}, lock_timeout {}, statement_timeout {}, on_locked {:?}, \
-         max_run_time {}",
-        if c.enabled { "enabled" } else { "disabled" },
-        c.batch_size,
-        humantime::format_duration(c.lock_timeout),
-        humantime::format_duration(c.statement_timeout),
-        c.on_locked,
-        humantime::format_duration(c.max_run_time),
-    );
-    let _ = writeln!(
-        out,
-        "api: {} on {}; metrics on {}",
-        if config.api.enabled {
-            "enabled"
-        } else {
-            "disabled"
-        },
-        config.api.listen,
-        config.metrics.listen
-    );
-    let now = chrono::Utc::now();
-    let _ = writeln!(
-        out,
-        "next 5 cleanup runs for {:?} (UTC):",
-        c.schedule.expression()
-    );
-    for t in c.schedule.upcoming(now, 5) {
-        let wait = (t - now).to_std().unwrap_or_default();
-        let wait = std::time::Duration::from_secs(wait.as_secs());
-        let _ = writeln!(
-            out,
-            "  {}  ({}, in {})",
-            t.format("%Y-%m-%dT%H:%M:%SZ"),
-            t.format("%a"),
-            humantime::format_duration(wait)
-        );
-    }
-    stdout::print(&out)?;
-    Ok(Exit::Success)
-}
-
-async fn migrate(config: &Config, args: MigrateArgs) -> anyhow::Result<Exit> {
-    let mut out = String::new();
-    if args.status {
-        let session = db::connect(&config.database, "migrate").await?;
-        let status = migrations::status(&session.client, &config.database.schema).await?;
-        for m in &status.applied {
-            let _ = writeln!(
-                out,
-                "applied   V{}__{} ({})",
-                m.version,
-                m.name,
-                m.applied_on.as_deref().unwrap_or("?")
-            );
-        }
-        for m in &status.pending {
-            let _ = writeln!(out, "pending   V{}__{}", m.version, m.name);
-        }
-        for m in &status.divergent {
-            let _ = writeln!(
-                out,
-                "DIVERGENT V{}__{} (file changed after it was applied)",
-                m.version, m.name
-            );
-        }
-        for m in &status.unknown {
-            let _ = writeln!(
-                out,
-                "UNKNOWN   V{}__{} (applied by a newer tombstoned)",
-                m.version, m.name
-            );
-        }
-        match status.problem() {
-            None => {
-                let _ = writeln!(out, "schema {} is current", config.database.schema);
-            }
-            Some(p) => {
-                let _ = writeln!(out, "{p}");
-            }
-        }
-        stdout::print(&out)?;
-        return Ok(Exit::Success);
-    }
-    let applied = migrations::migrate(&config.database).await?;
-    if applied.is_empty() {
-        let _ = writeln!(out, "schema {} is already current", config.database.schema);
-    }
-    for m in applied {
-        let _ = writeln!(out, "applied V{}__{}", m.version, m.name);
-    }
-    stdout::print(&out)?;
-    Ok(Exit::Success)
 }
 
 #[cfg(test)]

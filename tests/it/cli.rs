@@ -1,10 +1,18 @@
 //! The binary's edge, run for real: a printing command whose standard output is closed ends
-//! quietly (exit 0, nothing on stderr, as `rg ... | head` does), and a failure is reported once.
+//! quietly (exit 0, nothing on stderr, as `rg ... | head` does), a failure is reported once, and
+//! `cleanup` takes SIGTERM/SIGINT as every command does (first: stop after the batch; second:
+//! exit 130 at once).
 
 use std::os::fd::OwnedFd;
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
-use crate::cleanup_support::{seed_live, DUE};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+use crate::cleanup_support::{
+    counts, nth_live, seed_live, wait_until_cleaner_waits, wait_until_gone, Reader, BARRIER, DUE,
+};
 use crate::harness::{binary, TestDb};
 use crate::ops_support::repo_root;
 
@@ -115,4 +123,118 @@ async fn a_failed_cleanup_run_is_reported_once_without_the_server_detail() {
         "{stderr}"
     );
     assert!(!stderr.contains("secret"), "{stderr}");
+}
+
+/// `tombstoned cleanup` with batches of 10 over 30 due rows, its second batch blocked on a
+/// replay reader's row lock; stderr goes to a file the test polls.
+struct BlockedCleanup {
+    _db: TestDb,
+    observer: tokio_postgres::Client,
+    reader: Reader,
+    child: tokio::process::Child,
+    stderr: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl BlockedCleanup {
+    async fn start() -> Self {
+        let db = TestDb::new().await;
+        let observer = db.client().await;
+        seed_live(&observer, "signal", 30, DUE).await;
+        let held = nth_live(&observer, 15).await;
+        let (reader, _) = Reader::lock(&db, &held, "FOR SHARE").await;
+        let dir = tempfile::tempdir().unwrap();
+        let stderr = dir.path().join("stderr.log");
+        let child = tokio::process::Command::new(binary())
+            .args(["cleanup", "--batch-size", "10"])
+            .env_clear()
+            .env("TOMBSTONED_DATABASE_URL", &db.url)
+            .env("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "60s")
+            .env("TOMBSTONED_CLEANUP__STATEMENT_TIMEOUT", "120s")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        wait_until_cleaner_waits(&observer).await;
+        BlockedCleanup {
+            _db: db,
+            observer,
+            reader,
+            child,
+            stderr,
+            _dir: dir,
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id().unwrap()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    /// Waits until the command says it will stop after its batch: the signal was handled.
+    async fn wait_stopping(&self) {
+        let deadline = Instant::now() + BARRIER;
+        while !std::fs::read_to_string(&self.stderr)
+            .unwrap_or_default()
+            .contains("stopping after the current batch")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the first signal was not handled"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn cleanup_stops_after_its_batch_on_a_signal_and_exits_at_once_on_a_second() {
+    // First signal: the blocked batch finishes when the reader lets go, then the run stops.
+    let graceful = BlockedCleanup::start().await;
+    graceful.signal(Signal::SIGTERM);
+    graceful.wait_stopping().await;
+    let BlockedCleanup {
+        observer,
+        reader,
+        child,
+        ..
+    } = graceful;
+    reader.commit().await;
+    let output = tokio::time::timeout(BARRIER, child.wait_with_output())
+        .await
+        .expect("the run stops after its batch")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("cleanup stopped by a signal"), "{stdout}");
+    assert!(stdout.contains("rows tombstoned   20"), "{stdout}");
+    assert_eq!(counts(&observer).await.0, 20);
+
+    // Second signal: exit 130 at once, without waiting for the blocked batch.
+    let mut hurried = BlockedCleanup::start().await;
+    hurried.signal(Signal::SIGINT);
+    hurried.wait_stopping().await;
+    let second = Instant::now();
+    hurried.signal(Signal::SIGTERM);
+    let status = tokio::time::timeout(BARRIER, hurried.child.wait())
+        .await
+        .expect("a second signal ends the command")
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        second.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        second.elapsed()
+    );
+    let stderr = std::fs::read_to_string(&hurried.stderr).unwrap();
+    assert!(
+        stderr.contains("second signal: exiting at once"),
+        "{stderr}"
+    );
+    // The batch it left applies whole or not at all (its COMMIT was already sent).
+    hurried.reader.commit().await;
+    wait_until_gone(&hurried.observer, "tombstoned/cleanup").await;
+    let tombstones = counts(&hurried.observer).await.0;
+    assert!(tombstones == 10 || tombstones == 20, "{tombstones}");
 }

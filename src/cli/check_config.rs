@@ -1,0 +1,81 @@
+//! `tombstoned check-config`: the configuration as understood, and the next five cleanup fire
+//! times.
+
+use std::fmt::Write as _;
+
+use crate::config::Config;
+use crate::exit::Exit;
+use crate::stdout;
+
+/// Prints the validated configuration; loading it was the check.
+pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
+    let mut out = String::new();
+    let origin = config
+        .source
+        .as_ref()
+        .map_or("built-in defaults and environment".to_owned(), |p| {
+            p.display().to_string()
+        });
+    let _ = writeln!(out, "configuration OK ({origin})");
+    let _ = writeln!(
+        out,
+        "database: {} (schema {}, pool {} connections)",
+        config.database.url, config.database.schema, config.database.pool_size
+    );
+    let purge = config.retention.purge_tombstones_after.map_or(
+        "off (tombstones are kept forever)".to_owned(),
+        |d| {
+            format!(
+                "after {} (purged keys can be used again)",
+                humantime::format_duration(d)
+            )
+        },
+    );
+    let _ = writeln!(
+        out,
+        "retention: replay window {}, purge {purge}",
+        humantime::format_duration(config.retention.replay_window)
+    );
+    let c = &config.cleanup;
+    let _ = writeln!(
+        out,
+        "cleanup: {}, batches of {}, lock_timeout {}, statement_timeout {}, on_locked {:?}, \
+         max_run_time {}",
+        if c.enabled { "enabled" } else { "disabled" },
+        c.batch_size,
+        humantime::format_duration(c.lock_timeout),
+        humantime::format_duration(c.statement_timeout),
+        c.on_locked,
+        humantime::format_duration(c.max_run_time),
+    );
+    let _ = writeln!(
+        out,
+        "api: {} on {}; metrics on {}",
+        if config.api.enabled {
+            "enabled"
+        } else {
+            "disabled"
+        },
+        config.api.listen,
+        config.metrics.listen
+    );
+    let now = chrono::Utc::now();
+    let _ = writeln!(
+        out,
+        "next 5 cleanup runs for {:?} (UTC):",
+        c.schedule.expression()
+    );
+    for t in c.schedule.upcoming(now, 5) {
+        let wait = (t - now).to_std().unwrap_or_default();
+        let wait = std::time::Duration::from_secs(wait.as_secs());
+        let _ = writeln!(
+            out,
+            "  {}  ({}, in {})",
+            t.format("%Y-%m-%dT%H:%M:%SZ"),
+            t.format("%a"),
+            humantime::format_duration(wait)
+        );
+    }
+    stdout::print(&out)?;
+    Ok(Exit::Success)
+}
