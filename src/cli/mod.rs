@@ -195,7 +195,10 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if let Some(crate::ops_server::OpsServerError::Bind { .. }) = cause.downcast_ref() {
             return Exit::Usage;
         }
-        if let Some(crate::http::ApiError::Config { .. }) = cause.downcast_ref() {
+        // ApiError::Tokens is transparent: its TokensError is not in the chain of causes.
+        if let Some(crate::http::ApiError::Config { .. } | crate::http::ApiError::Tokens(_)) =
+            cause.downcast_ref()
+        {
             return Exit::Usage;
         }
         if cause.is::<migrations::SchemaNotCurrent>() {
@@ -251,15 +254,151 @@ mod tests {
         Cli::command().debug_assert();
     }
 
-    #[test]
-    fn errors_map_to_documented_exit_codes() {
-        let config_error = anyhow::Error::new(ConfigError::Invalid {
-            key: "cleanup.batch_size",
-            reason: "x".into(),
-        });
-        assert_eq!(exit_for(&config_error), Exit::Usage);
-        let wrapped = config_error.context("loading");
-        assert_eq!(exit_for(&wrapped), Exit::Usage);
-        assert_eq!(exit_for(&anyhow::anyhow!("boom")), Exit::Software);
+    /// Every branch of [`exit_for`], and of the quiet end for a closed stdout.
+    #[tokio::test]
+    async fn every_kind_of_failure_maps_to_its_documented_exit_status() {
+        use std::io;
+
+        use crate::auth::TokensError;
+        use crate::daemon::ListenError;
+        use crate::http::ApiError;
+        use crate::ops_server::OpsServerError;
+        use crate::pg_cluster::ClusterError;
+
+        let io_error = || io::Error::new(io::ErrorKind::AddrInUse, "in use");
+        let addr: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let tokens_error = || TokensError::Parse {
+            path: "tokens.toml".into(),
+            message: "x".into(),
+        };
+        // A real refused connection (nothing listens on port 1) and a client-side error.
+        let refused =
+            tokio_postgres::connect("host=127.0.0.1 port=1 user=x", tokio_postgres::NoTls)
+                .await
+                .err()
+                .expect("nothing listens on port 1");
+        let client_side = "port=nine"
+            .parse::<tokio_postgres::Config>()
+            .expect_err("not a port");
+        let cases: Vec<(&str, anyhow::Error, Exit)> = vec![
+            (
+                "configuration",
+                ConfigError::Invalid {
+                    key: "cleanup.batch_size",
+                    reason: "x".into(),
+                }
+                .into(),
+                Exit::Usage,
+            ),
+            (
+                "configuration, with context",
+                anyhow::Error::new(ConfigError::Invalid {
+                    key: "cleanup.batch_size",
+                    reason: "x".into(),
+                })
+                .context("loading"),
+                Exit::Usage,
+            ),
+            (
+                "pool wait timeout",
+                DbError::Pool(deadpool_postgres::PoolError::Timeout(
+                    deadpool_postgres::TimeoutType::Wait,
+                ))
+                .into(),
+                Exit::Unavailable,
+            ),
+            (
+                "pool cannot be built",
+                DbError::BuildPool(deadpool_postgres::BuildError::NoRuntimeSpecified).into(),
+                Exit::Software,
+            ),
+            (
+                "driver: connection refused",
+                anyhow::Error::new(refused).context("checking"),
+                Exit::Unavailable,
+            ),
+            (
+                "driver: client-side error",
+                client_side.into(),
+                Exit::Software,
+            ),
+            (
+                "API listener",
+                ListenError {
+                    key: "api.listen",
+                    addr,
+                    source: io_error(),
+                }
+                .into(),
+                Exit::Usage,
+            ),
+            ("tokens file", tokens_error().into(), Exit::Usage),
+            (
+                "tokens file, inside the API's error",
+                ApiError::Tokens(tokens_error()).into(),
+                Exit::Usage,
+            ),
+            (
+                "API setting",
+                ApiError::Config {
+                    key: "api.default_currency",
+                    reason: "x".into(),
+                }
+                .into(),
+                Exit::Usage,
+            ),
+            (
+                "API server",
+                ApiError::Serve(io_error()).into(),
+                Exit::Software,
+            ),
+            (
+                "metrics listener bind",
+                OpsServerError::Bind {
+                    addr,
+                    source: io_error(),
+                }
+                .into(),
+                Exit::Usage,
+            ),
+            (
+                "metrics listener serve",
+                OpsServerError::Serve(io_error()).into(),
+                Exit::Software,
+            ),
+            (
+                "schema not current",
+                migrations::SchemaNotCurrent("1 migration pending".into()).into(),
+                Exit::Unavailable,
+            ),
+            (
+                "no PostgreSQL binaries",
+                ClusterError::BinariesNotFound.into(),
+                Exit::Unavailable,
+            ),
+            (
+                "other cluster failure",
+                ClusterError::NoUnprivilegedUser.into(),
+                Exit::Software,
+            ),
+            (
+                "stdout failed otherwise",
+                StdoutError(io::Error::from(io::ErrorKind::StorageFull)).into(),
+                Exit::Software,
+            ),
+            ("anything else", anyhow::anyhow!("boom"), Exit::Software),
+        ];
+        for (name, error, exit) in &cases {
+            assert_eq!(exit_for(error), *exit, "{name}: {error:#}");
+            assert!(!stdout_closed(error), "{name}");
+        }
+
+        // The reader of stdout went away: quiet success, whatever wraps it.
+        let closed = anyhow::Error::new(StdoutError(io::Error::from(io::ErrorKind::BrokenPipe)))
+            .context("printing the report");
+        assert!(stdout_closed(&closed));
+        // A broken pipe to the database is not that.
+        let database_pipe = anyhow::Error::new(io::Error::from(io::ErrorKind::BrokenPipe));
+        assert!(!stdout_closed(&database_pipe));
     }
 }

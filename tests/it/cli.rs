@@ -238,3 +238,28 @@ async fn cleanup_stops_after_its_batch_on_a_signal_and_exits_at_once_on_a_second
     let tombstones = counts(&hurried.observer).await.0;
     assert!(tombstones == 10 || tombstones == 20, "{tombstones}");
 }
+
+#[tokio::test]
+async fn serve_with_an_unusable_tokens_file_exits_64() {
+    let db = TestDb::new().await;
+    let url = db.url.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(binary())
+            .arg("serve")
+            .env_clear()
+            .env("TOMBSTONED_DATABASE_URL", url)
+            .env("TOMBSTONED_API__TOKENS_FILE", "/nonexistent/tokens.toml")
+            .env("TOMBSTONED_API__LISTEN", "127.0.0.1:0")
+            .env("TOMBSTONED_METRICS__LISTEN", "127.0.0.2:0")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("tombstoned: error: cannot read tokens file /nonexistent/tokens.toml: "),
+        "{stderr}"
+    );
+}
