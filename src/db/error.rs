@@ -1,0 +1,131 @@
+//! Database failures and what a caller can do about them: [`DbError`] (with the server it
+//! concerns, password redacted) and its [`ErrorClass`], derived from the SQLSTATE only — never
+//! from message text.
+
+use tokio_postgres::error::SqlState;
+
+/// A database failure, with the server it concerns (password redacted).
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The connection could not be established (refused, timed out, authentication failed, ...).
+    #[error("cannot connect to PostgreSQL at {target}")]
+    Connect {
+        /// The redacted URL.
+        target: String,
+        /// Why.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The pool could not hand out a connection in time, or could not open one.
+    #[error("no database connection available")]
+    Pool(#[source] deadpool_postgres::PoolError),
+    /// The pool could not be built from the configuration.
+    #[error("cannot build the connection pool")]
+    BuildPool(#[source] deadpool_postgres::BuildError),
+    /// A statement failed.
+    #[error("database error")]
+    Query(#[from] tokio_postgres::Error),
+}
+
+impl DbError {
+    /// How this failure should be treated; see [`ErrorClass`].
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            DbError::Connect { .. } => ErrorClass::Unavailable,
+            DbError::Pool(deadpool_postgres::PoolError::Backend(e)) | DbError::Query(e) => {
+                classify(e)
+            }
+            DbError::Pool(_) => ErrorClass::Unavailable,
+            DbError::BuildPool(_) => ErrorClass::Other,
+        }
+    }
+
+    /// The two-character SQLSTATE class for metrics (`"55"`, `"23"`, ...), or `"connection"`
+    /// when there is no server error code (connection refused, reset or closed).
+    pub fn sqlstate_class(&self) -> &str {
+        match self {
+            DbError::Pool(deadpool_postgres::PoolError::Backend(e)) | DbError::Query(e) => {
+                sqlstate_class(e)
+            }
+            DbError::Pool(deadpool_postgres::PoolError::Timeout(_)) => "pool_timeout",
+            _ => "connection",
+        }
+    }
+}
+
+/// What a caller can do about an error. Derived from the SQLSTATE only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// 55P03 lock_not_available: a `lock_timeout` expired waiting for a row lock.
+    LockNotAvailable,
+    /// 23505 unique_violation.
+    UniqueViolation,
+    /// 40001 serialization_failure: retry the whole transaction.
+    SerializationFailure,
+    /// 40P01 deadlock_detected: retry the whole transaction.
+    Deadlock,
+    /// 57014 query_canceled: `statement_timeout` or a cancel request.
+    QueryCanceled,
+    /// Class 08, an admin/crash shutdown (57P01-57P03), or no SQLSTATE at all because the socket
+    /// failed: the database is unreachable or the connection is gone.
+    Unavailable,
+    /// Anything else: a bug or a schema problem, not something to retry blindly.
+    Other,
+}
+
+/// Classifies a driver error by its SQLSTATE.
+pub fn classify(err: &tokio_postgres::Error) -> ErrorClass {
+    let Some(code) = err.code() else {
+        // No server error: the connection failed or closed (or a client-side conversion
+        // failed, which the io-source check tells apart).
+        return if err.is_closed() || has_io_source(err) {
+            ErrorClass::Unavailable
+        } else {
+            ErrorClass::Other
+        };
+    };
+    if *code == SqlState::LOCK_NOT_AVAILABLE {
+        ErrorClass::LockNotAvailable
+    } else if *code == SqlState::UNIQUE_VIOLATION {
+        ErrorClass::UniqueViolation
+    } else if *code == SqlState::T_R_SERIALIZATION_FAILURE {
+        ErrorClass::SerializationFailure
+    } else if *code == SqlState::T_R_DEADLOCK_DETECTED {
+        ErrorClass::Deadlock
+    } else if *code == SqlState::QUERY_CANCELED {
+        ErrorClass::QueryCanceled
+    } else if code.code().starts_with("08")
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::TOO_MANY_CONNECTIONS
+    {
+        ErrorClass::Unavailable
+    } else {
+        ErrorClass::Other
+    }
+}
+
+/// The SQLSTATE class (first two characters), or `"connection"` without a server error code.
+pub fn sqlstate_class(err: &tokio_postgres::Error) -> &str {
+    match err.code() {
+        Some(code) => code.code().get(..2).unwrap_or("unknown"),
+        None => "connection",
+    }
+}
+
+/// The constraint a server error names, for telling one unique violation from another.
+pub fn violated_constraint(err: &tokio_postgres::Error) -> Option<&str> {
+    err.as_db_error().and_then(|e| e.constraint())
+}
+
+fn has_io_source(err: &tokio_postgres::Error) -> bool {
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if e.is::<std::io::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
