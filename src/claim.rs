@@ -134,7 +134,7 @@ macro_rules! existing_cte {
 /// docs/api.md lists them. The benchmark's pgbench scripts copy these texts.
 pub mod sql {
     /// Starts the claiming transaction; READ COMMITTED whatever the server's default.
-    pub const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+    pub const BEGIN: &str = crate::db::sql::BEGIN_READ_COMMITTED;
 
     /// `$1` = `api.claim_lock_timeout` in milliseconds, e.g. `'2000ms'`. Transaction-local: when
     /// the connection goes back to the pool nothing needs restoring.
@@ -268,7 +268,7 @@ FROM idempotency_records
 WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
 
     /// Ends the transaction (a ROLLBACK when a statement in it failed).
-    pub const COMMIT: &str = "COMMIT";
+    pub const COMMIT: &str = crate::db::sql::COMMIT;
 
     /// After 23505 on `orders_tenant_request_key` (the claiming transaction rolled back): the
     /// order that has this request_id, with its representation built exactly as the claim built
@@ -322,7 +322,7 @@ pub struct ClaimSettings {
 
 impl ClaimSettings {
     fn lock_timeout_setting(&self) -> String {
-        format!("{}ms", self.lock_timeout.as_millis().max(1))
+        db::sql::duration_setting(self.lock_timeout)
     }
 
     fn replay_window_micros(&self) -> i64 {

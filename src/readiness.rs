@@ -27,9 +27,6 @@ pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(1);
 /// The `application_name` purpose of the probe's session.
 const PURPOSE: &str = "readiness";
 
-/// Sets the probe session's `statement_timeout`. A parameter, not string formatting.
-const SET_STATEMENT_TIMEOUT: &str = "SELECT set_config('statement_timeout', $1, false)";
-
 /// The answer of one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {
@@ -218,10 +215,10 @@ impl ReadinessProbe {
                 let fresh = db::connect(&self.database, PURPOSE).await?;
                 // Server-side bound too, a little under the client's, so a check stuck behind a
                 // lock is cancelled in the database instead of waiting there after we gave up.
-                let statement_timeout = format!("{}ms", (self.timeout.as_millis() * 3 / 4).max(1));
+                let statement_timeout = db::sql::duration_setting(self.timeout * 3 / 4);
                 fresh
                     .client
-                    .execute(SET_STATEMENT_TIMEOUT, &[&statement_timeout])
+                    .execute(db::sql::SET_STATEMENT_TIMEOUT, &[&statement_timeout])
                     .await?;
                 session.insert(fresh)
             }

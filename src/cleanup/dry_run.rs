@@ -114,8 +114,8 @@ async fn read(
     retention: Option<&RetentionConfig>,
     explain: bool,
 ) -> Result<DryRunReport, tokio_postgres::Error> {
-    let timeout = format!("{}ms", cleanup.statement_timeout.as_millis().max(1));
-    let lock_timeout = format!("{}ms", cleanup.lock_timeout.as_millis().max(1));
+    let timeout = db::sql::duration_setting(cleanup.statement_timeout);
+    let lock_timeout = db::sql::duration_setting(cleanup.lock_timeout);
     // The batch transaction's settings, so the plan shown is the plan a batch gets.
     client
         .query_one(sql::BATCH_SETTINGS, &[&lock_timeout, &timeout])

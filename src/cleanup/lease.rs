@@ -7,14 +7,15 @@
 //! dies mid-run the lock is released by the server and another instance may start while this run
 //! finishes its current batch; that is the same safe overlap.
 
-use super::{sql, CleanupError};
+use super::CleanupError;
 use crate::config::DatabaseConfig;
 use crate::db::{self, Session};
 
-/// The advisory-lock key text for a schema: `tombstoned:cleanup:<schema>`, hashed by the server
-/// with `hashtextextended(key, 0)` (in `pg_locks`: locktype `advisory`, objsubid 1, classid and
-/// objid the high and low halves of that bigint). The holder is easiest found by its
-/// application name, `tombstoned/cleanup-lease`, in `pg_stat_activity`.
+/// The advisory-lock key text for a schema: `tombstoned:cleanup:<schema>`, so two deployments in
+/// different schemas of one database do not exclude each other. Hashed by the server with
+/// `hashtextextended(key, 0)` (in `pg_locks`: locktype `advisory`, objsubid 1, classid and objid
+/// the high and low halves of that bigint). The holder is easiest found by its application
+/// name, `tombstoned/cleanup-lease`, in `pg_stat_activity`.
 pub fn lease_key(schema: &str) -> String {
     format!("tombstoned:cleanup:{schema}")
 }
@@ -36,7 +37,7 @@ impl Lease {
         let key = lease_key(&db.schema);
         let acquired: bool = session
             .client
-            .query_one(sql::LEASE_TRY, &[&key])
+            .query_one(db::sql::ADVISORY_TRY_LOCK, &[&key])
             .await
             .and_then(|row| row.try_get(0))
             .map_err(CleanupError::query("taking the cleanup lease"))?;
@@ -48,7 +49,7 @@ impl Lease {
     pub async fn release(self) -> Result<(), CleanupError> {
         self.session
             .client
-            .query_one(sql::LEASE_RELEASE, &[&self.key])
+            .query_one(db::sql::ADVISORY_UNLOCK, &[&self.key])
             .await
             .map_err(CleanupError::query("releasing the cleanup lease"))?;
         Ok(())

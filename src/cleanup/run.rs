@@ -203,7 +203,10 @@ async fn run_inner(
         .map_err(CleanupError::Connect)?;
     let client = &session.client;
     client
-        .query_one(sql::SESSION_SETTINGS, &[&millis(cleanup.statement_timeout)])
+        .query_one(
+            db::sql::SET_STATEMENT_TIMEOUT,
+            &[&db::sql::duration_setting(cleanup.statement_timeout)],
+        )
         .await
         .map_err(CleanupError::query("configuring the cleanup session"))?;
     let cutoff: DateTime<Utc> = client
@@ -223,16 +226,16 @@ async fn run_inner(
     };
     let mut engine = Engine {
         client,
-        begin: prepare(sql::BATCH_BEGIN).await?,
+        begin: prepare(db::sql::BEGIN_READ_COMMITTED).await?,
         batch_settings: prepare(sql::BATCH_SETTINGS).await?,
-        commit: prepare(sql::BATCH_COMMIT).await?,
+        commit: prepare(db::sql::COMMIT).await?,
         cleanup,
         limits,
         shutdown,
         meter,
         started,
-        lock_timeout: millis(cleanup.lock_timeout),
-        statement_timeout: millis(cleanup.statement_timeout),
+        lock_timeout: db::sql::duration_setting(cleanup.lock_timeout),
+        statement_timeout: db::sql::duration_setting(cleanup.statement_timeout),
         committed_batches: 0,
         batch_durations: Vec::new(),
         retries: 0,
@@ -327,11 +330,6 @@ async fn backlog(
         };
     }
     Ok((rows, oldest))
-}
-
-fn millis(d: Duration) -> String {
-    // Configuration guarantees 1 ms ..= i32::MAX ms.
-    format!("{}ms", d.as_millis().max(1))
 }
 
 fn per_second(rows: u64, d: Duration) -> f64 {
@@ -740,12 +738,6 @@ mod tests {
         assert_eq!(percentile(&sorted, 0.5), ms(50));
         assert_eq!(percentile(&sorted[..1], 0.99), ms(1));
         assert_eq!(percentile(&[], 0.99), Duration::ZERO);
-    }
-
-    #[test]
-    fn timeouts_are_sent_as_milliseconds() {
-        assert_eq!(millis(Duration::from_secs(5)), "5000ms");
-        assert_eq!(millis(Duration::from_micros(10)), "1ms");
     }
 
     #[test]

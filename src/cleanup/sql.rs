@@ -2,7 +2,9 @@
 //! bottom. docs/cleanup.md explains the choices and has the measurements behind them.
 //!
 //! All statements use unqualified names: sessions start with `search_path` set to the configured
-//! schema. Every value is a parameter.
+//! schema. Every value is a parameter. The statements it shares with other parts (each batch's
+//! `BEGIN` and `COMMIT`, the session's `statement_timeout`, the lease's advisory lock) are in
+//! [`crate::db::sql`].
 //!
 //! # The batch statements
 //!
@@ -29,14 +31,6 @@
 //!   correctness does not depend on it (another order could at worst deadlock, 40P01, and the
 //!   batch is retried).
 
-/// Opens a batch transaction; READ COMMITTED whatever the server's default (the re-check after
-/// a lock wait relies on it).
-pub const BATCH_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
-
-/// Ends a batch transaction. Sent in the same pipeline as the batch: when a statement before it
-/// failed, it ends the aborted transaction as a ROLLBACK.
-pub const BATCH_COMMIT: &str = "COMMIT";
-
 /// Per batch transaction (`SET LOCAL` semantics: `is_local = true`): `$1` lock_timeout, `$2`
 /// statement_timeout (both in milliseconds).
 ///
@@ -58,10 +52,6 @@ SELECT set_config('lock_timeout', $1, true),
        set_config('enable_mergejoin', 'off', true),
        set_config('plan_cache_mode', 'force_custom_plan', true),
        set_config('synchronous_commit', 'off', true)";
-
-/// Per session, for the statements outside batch transactions (cutoff, backlog count, dry run):
-/// `$1` statement_timeout in milliseconds.
-pub const SESSION_SETTINGS: &str = "SELECT set_config('statement_timeout', $1, false)";
 
 /// The run's cutoff: the database clock, read once, fixed for the whole run.
 pub const CUTOFF: &str = "SELECT now()";
@@ -233,11 +223,3 @@ SELECT (SELECT count(*) FROM idempotency_records WHERE expired) AS tombstones,
 /// Dry run: tombstones a purge would delete (`expired_at <= $1`).
 pub const DRY_RUN_PURGEABLE: &str = "\
 SELECT count(*) FROM idempotency_records WHERE expired AND expired_at <= $1::timestamptz";
-
-/// The single-runner lease: a session-level advisory lock on a key derived from the schema
-/// (`$1` = `tombstoned:cleanup:<schema>`), so two deployments in different schemas of one
-/// database do not exclude each other. Operators find it in `pg_locks` (locktype `advisory`).
-pub const LEASE_TRY: &str = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))";
-
-/// Releases the lease (closing the session would too).
-pub const LEASE_RELEASE: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";

@@ -111,10 +111,7 @@ pub async fn migrate(db: &DatabaseConfig) -> Result<Vec<MigrationInfo>, Migratio
     // if we crash half way.
     let lock_key = format!("tombstoned:migrate:{}", db.schema);
     client
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended($1, 0))",
-            &[&lock_key],
-        )
+        .execute(super::sql::ADVISORY_LOCK, &[&lock_key])
         .await?;
     // The identifier was validated ([a-z_][a-z0-9_]*); DDL cannot take it as a parameter.
     client
@@ -125,10 +122,7 @@ pub async fn migrate(db: &DatabaseConfig) -> Result<Vec<MigrationInfo>, Migratio
         .await
         .map_err(MigrationError::Apply)?;
     client
-        .execute(
-            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
-            &[&lock_key],
-        )
+        .execute(super::sql::ADVISORY_UNLOCK, &[&lock_key])
         .await?;
     Ok(report
         .applied_migrations()

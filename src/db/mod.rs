@@ -7,6 +7,7 @@ mod error;
 mod error_text;
 pub mod migrations;
 mod session;
+pub mod sql;
 
 pub use error::{classify, sqlstate_class, violated_constraint, DbError, ErrorClass};
 pub use error_text::error_text;
