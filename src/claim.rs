@@ -60,11 +60,12 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{ClientWrapper, Object, Pool};
+use deadpool_postgres::{ClientWrapper, Pool};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Row, Statement};
+use tokio_postgres::Row;
 use uuid::Uuid;
 
+use crate::db::pipeline::{self, PipelineFailure, Pipelined};
 use crate::db::{self, DbError, ErrorClass};
 use crate::fingerprint::Fingerprint;
 use crate::order_request::OrderRequest;
@@ -478,7 +479,7 @@ pub async fn claim(
     let result = claim_on(&client, settings, req).await;
     if result.is_err() {
         // The connection saw something unexpected (or is gone): never hand it to another request.
-        drop(Object::take(client));
+        db::discard(client);
     }
     result
 }
@@ -555,35 +556,8 @@ fn transient_or_database(error: tokio_postgres::Error) -> ClaimError {
     }
 }
 
-/// A failed pipelined transaction: the first error in statement order (later statements only
-/// report the aborted transaction).
-struct PipelineFailure {
-    error: tokio_postgres::Error,
-    /// Whether the transaction had been sent (false: preparing the statements failed, so
-    /// nothing can have been committed).
-    sent: bool,
-}
-
-/// The prepared statements of one attempt.
-async fn prepare(
-    client: &ClientWrapper,
-    settings: &str,
-    main: &str,
-) -> Result<[Statement; 4], PipelineFailure> {
-    let (begin, set, main, commit) = futures::try_join!(
-        client.prepare_cached(sql::BEGIN),
-        client.prepare_cached(settings),
-        client.prepare_cached(main),
-        client.prepare_cached(sql::COMMIT),
-    )
-    .map_err(|error| PipelineFailure { error, sent: false })?;
-    Ok([begin, set, main, commit])
-}
-
-/// Runs `BEGIN; <settings>($1 = lock timeout); <main>; COMMIT` as one pipeline (one round trip)
-/// and returns the main statement's rows. tokio-postgres sends a request when its future is first
-/// polled, and `join!(biased; ...)` polls in the order written, so the order on the wire is the
-/// order here.
+/// Runs `BEGIN; <settings>($1 = lock timeout); <main>; COMMIT` as one pipeline (one round trip,
+/// [`db::pipeline`]) and returns the main statement's rows.
 async fn in_transaction(
     client: &ClientWrapper,
     settings: &str,
@@ -591,21 +565,16 @@ async fn in_transaction(
     lock_timeout: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Row>, PipelineFailure> {
-    let [begin, set, main, commit] = prepare(client, settings, main).await?;
+    let [begin, settings, main, commit] = pipeline::prepare_cached(client, settings, main).await?;
     let set_params: [&(dyn ToSql + Sync); 1] = [&lock_timeout];
-    let (begin, set, main, commit) = tokio::join!(
-        biased;
-        client.execute(&begin, &[]),
-        client.execute(&set, &set_params),
-        client.query(&main, params),
-        client.execute(&commit, &[]),
-    );
-    let failure = |error| Err(PipelineFailure { error, sent: true });
-    match (begin, set, main, commit) {
-        (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) => failure(e),
-        (Ok(_), Ok(_), Ok(_), Err(e)) => failure(e),
-        (Ok(_), Ok(_), Ok(rows), Ok(_)) => Ok(rows),
+    Pipelined {
+        begin: &begin,
+        settings: &settings,
+        statement: &main,
+        commit: &commit,
     }
+    .query(client, &set_params, params)
+    .await
 }
 
 async fn owner_attempt(

@@ -2,7 +2,7 @@
 //! of an idempotency key within the caller's scope — never its stored body.
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use deadpool_postgres::{Object, Pool};
+use deadpool_postgres::Pool;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -124,7 +124,7 @@ async fn query_opt(
     .await;
     result.map_err(|e| {
         let class = db::classify(&e);
-        drop(Object::take(client));
+        db::discard(client);
         match class {
             ErrorClass::Unavailable => LookupError::Unavailable(DbError::Query(e)),
             _ => LookupError::Database(DbError::Query(e)),

@@ -157,8 +157,8 @@ impl ReadinessProbe {
                     Some(problem) => Readiness::NotReady(NotReady::SchemaNotCurrent(problem)),
                 },
                 Ok(Err(e)) => {
-                    // Reconnect next time: cheaper to reason about than deciding which errors left
-                    // the session usable.
+                    // Discarded: reconnect next time; cheaper to reason about than deciding which
+                    // errors left the session usable.
                     state.session = None;
                     let reason = db::error_text(&e);
                     Readiness::NotReady(if e.class() == ErrorClass::Unavailable {

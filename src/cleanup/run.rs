@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, OnLocked, RetentionConfig};
+use crate::db::pipeline::Pipelined;
 use crate::db::{self, DbError, ErrorClass};
 use crate::metrics::Metrics;
 
@@ -616,11 +617,8 @@ impl Engine<'_> {
     }
 
     /// BEGIN; SET LOCAL timeouts and join settings; the batch statement; COMMIT — pipelined,
-    /// one round trip. The batch's row locks are released the moment its statement ends (the
-    /// COMMIT is already waiting at the server), not one client round trip later; that is the
-    /// lock hold a replay can meet. If any statement fails, the server skips the rest of the
-    /// transaction up to the COMMIT, which then ends it as a ROLLBACK: the batch applies whole
-    /// or not at all, and nothing else has run on the session in between.
+    /// one round trip ([`db::pipeline`]): the batch's row locks are released the moment its
+    /// statement ends, and the batch applies whole or not at all.
     async fn transaction(
         &self,
         statement: &Statement,
@@ -632,22 +630,15 @@ impl Engine<'_> {
         let to = pass.to();
         let settings: [&(dyn ToSql + Sync); 2] = [&self.lock_timeout, &self.statement_timeout];
         let params: [&(dyn ToSql + Sync); 4] = [&bound, &from, &to, &limit];
-        // tokio-postgres sends a request when its future is first polled; `biased` polls in the
-        // order written, so this is the order on the wire. Each request carries its own Sync, so
-        // an error in one does not swallow the COMMIT behind it.
-        let (begin, set, batch, commit) = tokio::join!(
-            biased;
-            self.client.execute(&self.begin, &[]),
-            self.client.query_one(&self.batch_settings, &settings),
-            self.client.query_one(statement, &params),
-            self.client.execute(&self.commit, &[]),
-        );
-        // The first failure in statement order is the cause; later ones only report the
-        // aborted transaction.
-        begin?;
-        set?;
-        let row = batch?;
-        commit?;
+        let row = Pipelined {
+            begin: &self.begin,
+            settings: &self.batch_settings,
+            statement,
+            commit: &self.commit,
+        }
+        .query_one(self.client, &settings, &params)
+        .await
+        .map_err(|failure| DbError::Query(failure.error))?;
         let picked: i64 = row.try_get(0)?;
         let changed: i64 = row.try_get(1)?;
         let last: Option<Key> = row.try_get(2)?;

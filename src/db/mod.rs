@@ -6,6 +6,7 @@
 mod error;
 mod error_text;
 pub mod migrations;
+pub mod pipeline;
 mod session;
 pub mod sql;
 
@@ -68,6 +69,13 @@ pub fn pool(
         .recycle_timeout(Some(db.connect_timeout))
         .build()
         .map_err(DbError::BuildPool)
+}
+
+/// Takes a pooled connection out of circulation after an error: nobody can tell what state an
+/// unexpected error (or a lost connection) left its session in, so it is closed instead of being
+/// handed to the next request. (A dedicated [`Session`] is discarded by dropping it.)
+pub fn discard(client: deadpool_postgres::Object) {
+    drop(deadpool_postgres::Object::take(client));
 }
 
 /// Opens a dedicated session.
