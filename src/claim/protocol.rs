@@ -1,0 +1,316 @@
+//! The protocol's decisions for one claim (docs/protocol.md): the owner attempt, the replay
+//! attempt in a new transaction, the duplicate-request lookup after 23505, and the mapping of
+//! every row and SQLSTATE to a [`ClaimOutcome`] or [`ClaimError`]. The statements are in
+//! [`super::sql`]; each attempt is one pipelined transaction ([`crate::db::pipeline`]).
+
+use deadpool_postgres::ClientWrapper;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::{
+    sql, ClaimError, ClaimOutcome, ClaimRequest, ClaimSettings, Decision, MAX_CLAIM_ATTEMPTS,
+    OPERATION_CREATE_ORDER, ORDER_REQUEST_CONSTRAINT,
+};
+use crate::db::pipeline::{self, PipelineFailure, Pipelined};
+use crate::db::{self, DbError, ErrorClass};
+
+pub(super) async fn claim_on(
+    client: &ClientWrapper,
+    settings: &ClaimSettings,
+    req: &ClaimRequest,
+) -> Result<ClaimOutcome, ClaimError> {
+    let lock_timeout = settings.lock_timeout_setting();
+    let window = settings.replay_window_micros();
+    for _ in 0..MAX_CLAIM_ATTEMPTS {
+        match owner_attempt(client, &lock_timeout, window, req).await {
+            Ok(Some(row)) => {
+                let created: bool = row
+                    .try_get("created")
+                    .map_err(|e| ClaimError::Database(DbError::Query(e)))?;
+                if created {
+                    return owned(row, req);
+                }
+                // The key was already in the claim's snapshot, read without a lock: key reuse
+                // and "expired" are answered from it; a replay needs the body, read FOR SHARE.
+                if let Some(outcome) = without_body(&row, req)? {
+                    return Ok(outcome);
+                }
+            }
+            Ok(None) => {}
+            Err(failure) => {
+                let class = db::classify(&failure.error);
+                if class == ErrorClass::UniqueViolation
+                    && db::violated_constraint(&failure.error) == Some(ORDER_REQUEST_CONSTRAINT)
+                {
+                    match duplicate_request(client, req).await? {
+                        Some(outcome) => return Ok(outcome),
+                        None => continue, // the order is gone again: claim anew
+                    }
+                }
+                return match class {
+                    ErrorClass::LockNotAvailable => Ok(ClaimOutcome::InProgress),
+                    // Everything was sent, COMMIT included: it may have committed.
+                    ErrorClass::Unavailable if failure.sent => {
+                        Err(ClaimError::OutcomeUnknown(DbError::Query(failure.error)))
+                    }
+                    ErrorClass::Unavailable => {
+                        Err(ClaimError::Unavailable(DbError::Query(failure.error)))
+                    }
+                    _ => Err(transient_or_database(failure.error)),
+                };
+            }
+        }
+        match replay_attempt(client, &lock_timeout, req).await {
+            Ok(Some(row)) => return existing(&row, req),
+            Ok(None) => continue, // deleted between our INSERT and SELECT (purge): claim anew
+            Err(failure) => {
+                return match db::classify(&failure.error) {
+                    ErrorClass::LockNotAvailable => Ok(ClaimOutcome::InProgress),
+                    ErrorClass::Unavailable => {
+                        Err(ClaimError::Unavailable(DbError::Query(failure.error)))
+                    }
+                    _ => Err(transient_or_database(failure.error)),
+                };
+            }
+        }
+    }
+    Err(ClaimError::Unstable)
+}
+
+fn transient_or_database(error: tokio_postgres::Error) -> ClaimError {
+    match db::classify(&error) {
+        ErrorClass::SerializationFailure | ErrorClass::Deadlock | ErrorClass::QueryCanceled => {
+            ClaimError::Transient(DbError::Query(error))
+        }
+        _ => ClaimError::Database(DbError::Query(error)),
+    }
+}
+
+/// Runs `BEGIN; <settings>($1 = lock timeout); <main>; COMMIT` as one pipeline (one round trip,
+/// [`db::pipeline`]) and returns the main statement's rows.
+async fn in_transaction(
+    client: &ClientWrapper,
+    settings: &str,
+    main: &str,
+    lock_timeout: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, PipelineFailure> {
+    let [begin, settings, main, commit] = pipeline::prepare_cached(client, settings, main).await?;
+    let set_params: [&(dyn ToSql + Sync); 1] = [&lock_timeout];
+    Pipelined {
+        begin: &begin,
+        settings: &settings,
+        statement: &main,
+        commit: &commit,
+    }
+    .query(client, &set_params, params)
+    .await
+}
+
+async fn owner_attempt(
+    client: &ClientWrapper,
+    lock_timeout: &str,
+    window_micros: i64,
+    req: &ClaimRequest,
+) -> Result<Option<Row>, PipelineFailure> {
+    let fingerprint: &[u8] = req.fingerprint.as_bytes();
+    let rows = match &req.decision {
+        Decision::Create => {
+            let o = &req.order;
+            let order_id = Uuid::now_v7();
+            let event_id = Uuid::now_v7();
+            let amount = o.currency.format(o.amount_minor);
+            let currency = o.currency.code();
+            in_transaction(
+                client,
+                sql::SET_LOCK_TIMEOUT,
+                sql::CLAIM_AND_CREATE,
+                lock_timeout,
+                &[
+                    &req.tenant,
+                    &req.principal,
+                    &OPERATION_CREATE_ORDER,
+                    &req.key,
+                    &fingerprint,
+                    &order_id,
+                    &o.request_id,
+                    &o.amount_minor,
+                    &amount,
+                    &currency,
+                    &o.item,
+                    &o.quantity,
+                    &o.recipient,
+                    &window_micros,
+                    &event_id,
+                    &o.metadata,
+                ],
+            )
+            .await?
+        }
+        Decision::Reject { status, body } => {
+            let status = i16::try_from(*status).unwrap_or(422);
+            in_transaction(
+                client,
+                sql::SET_LOCK_TIMEOUT,
+                sql::CLAIM_REJECTED,
+                lock_timeout,
+                &[
+                    &req.tenant,
+                    &req.principal,
+                    &OPERATION_CREATE_ORDER,
+                    &req.key,
+                    &fingerprint,
+                    &status,
+                    body,
+                    &window_micros,
+                ],
+            )
+            .await?
+        }
+    };
+    Ok(rows.into_iter().next())
+}
+
+fn owned(row: Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {
+    let body: String = row
+        .try_get("body")
+        .map_err(|e| ClaimError::Database(DbError::Query(e)))?;
+    match &req.decision {
+        Decision::Create => {
+            let order_id: Uuid = row
+                .try_get("order_id")
+                .map_err(|e| ClaimError::Database(DbError::Query(e)))?;
+            Ok(ClaimOutcome::Created { order_id, body })
+        }
+        Decision::Reject { status, .. } => Ok(ClaimOutcome::Rejected {
+            status: *status,
+            body,
+        }),
+    }
+}
+
+async fn replay_attempt(
+    client: &ClientWrapper,
+    lock_timeout: &str,
+    req: &ClaimRequest,
+) -> Result<Option<Row>, PipelineFailure> {
+    let key: [&(dyn ToSql + Sync); 4] = [
+        &req.tenant,
+        &req.principal,
+        &OPERATION_CREATE_ORDER,
+        &req.key,
+    ];
+    let rows = in_transaction(
+        client,
+        sql::SET_REPLAY_SETTINGS,
+        sql::READ_FOR_REPLAY,
+        lock_timeout,
+        &key,
+    )
+    .await?;
+    if let Some(row) = rows.into_iter().next() {
+        return Ok(Some(row));
+    }
+    // Past its window, a tombstone, or gone: read it without a lock (never waits for the
+    // cleaner, which only locks records past their window).
+    let failed = |error| PipelineFailure { error, sent: true };
+    let statement = client
+        .prepare_cached(sql::READ_EXPIRED)
+        .await
+        .map_err(|error| PipelineFailure { error, sent: false })?;
+    let row = client.query_opt(&statement, &key).await.map_err(failed)?;
+    Ok(row.filter(|row| {
+        // A record inside its window here was not returned by the locking read only if it was
+        // deleted and claimed anew in between (a retention purge): claim again.
+        let open = !row.try_get::<_, bool>("expired").unwrap_or(true)
+            && !row.try_get::<_, bool>("past_deadline").unwrap_or(true);
+        let same = row
+            .try_get::<_, &[u8]>("fingerprint")
+            .is_ok_and(|f| f == req.fingerprint.as_bytes());
+        !(open && same)
+    }))
+}
+
+/// The protocol's decision for an existing record when it needs no body: key reuse (checked
+/// first, so a changed intent never learns anything about the stored one, before or after
+/// expiry) and "expired". `None`: a replay, which needs the body.
+fn without_body(row: &Row, req: &ClaimRequest) -> Result<Option<ClaimOutcome>, ClaimError> {
+    let get = |e| ClaimError::Database(DbError::Query(e));
+    let fingerprint: &[u8] = row.try_get("fingerprint").map_err(get)?;
+    let order_id: Option<Uuid> = row.try_get("order_id").map_err(get)?;
+    let expired: bool = row.try_get("expired").map_err(get)?;
+    let past_deadline: bool = row.try_get("past_deadline").map_err(get)?;
+    if fingerprint != req.fingerprint.as_bytes() {
+        return Ok(Some(ClaimOutcome::KeyReused));
+    }
+    if expired || past_deadline {
+        return Ok(Some(ClaimOutcome::Expired { order_id }));
+    }
+    Ok(None)
+}
+
+/// The protocol's decision for an existing record read by the replay transaction.
+fn existing(row: &Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {
+    if let Some(outcome) = without_body(row, req)? {
+        return Ok(outcome);
+    }
+    let get = |e| ClaimError::Database(DbError::Query(e));
+    let status: Option<i16> = row.try_get("status_code").map_err(get)?;
+    let body: Option<String> = row.try_get("body").map_err(get)?;
+    let order_id: Option<Uuid> = row.try_get("order_id").map_err(get)?;
+    let status = status
+        .and_then(|s| u16::try_from(s).ok())
+        .ok_or(ClaimError::CorruptRecord("no status code"))?;
+    let body = body.ok_or(ClaimError::CorruptRecord("live record without a body"))?;
+    Ok(ClaimOutcome::Replayed {
+        status,
+        body,
+        order_id,
+    })
+}
+
+/// After 23505 on the order's request_id: same principal and same business parameters → that
+/// order; otherwise a conflict. `None` when the order cannot be found (deleted meanwhile).
+async fn duplicate_request(
+    client: &ClientWrapper,
+    req: &ClaimRequest,
+) -> Result<Option<ClaimOutcome>, ClaimError> {
+    let o = &req.order;
+    let amount = o.currency.format(o.amount_minor);
+    let fail = |e: tokio_postgres::Error| match db::classify(&e) {
+        ErrorClass::Unavailable => ClaimError::Unavailable(DbError::Query(e)),
+        _ => transient_or_database(e),
+    };
+    let statement = client
+        .prepare_cached(sql::FIND_ORDER_BY_REQUEST_ID)
+        .await
+        .map_err(fail)?;
+    let Some(row) = client
+        .query_opt(&statement, &[&req.tenant, &o.request_id, &amount])
+        .await
+        .map_err(fail)?
+    else {
+        return Ok(None);
+    };
+    let get = |e| ClaimError::Database(DbError::Query(e));
+    let principal: &str = row.try_get("principal_id").map_err(get)?;
+    let amount_minor: i64 = row.try_get("amount_minor").map_err(get)?;
+    let currency: &str = row.try_get("currency").map_err(get)?;
+    let item: &str = row.try_get("item").map_err(get)?;
+    let quantity: i32 = row.try_get("quantity").map_err(get)?;
+    let recipient: &str = row.try_get("recipient").map_err(get)?;
+    let same = principal == req.principal
+        && amount_minor == o.amount_minor
+        && currency == o.currency.code()
+        && item == o.item
+        && quantity == o.quantity
+        && recipient == o.recipient;
+    if !same {
+        return Ok(Some(ClaimOutcome::DuplicateRequestConflict));
+    }
+    Ok(Some(ClaimOutcome::DuplicateRequestSameOrder {
+        order_id: row.try_get("order_id").map_err(get)?,
+        body: row.try_get("body").map_err(get)?,
+    }))
+}

@@ -1,0 +1,284 @@
+//! Every statement of the claim/replay protocol, by name. Parameters are positional (`$n`); the
+//! table in docs/api.md lists them. The benchmark's pgbench scripts copy these texts (a test
+//! checks they match), so they change only deliberately. How the statements make up the
+//! protocol's transactions is in [`crate::claim`].
+
+/// The order's JSON representation, as one SQL expression over ten SQL expressions. Used by the
+/// claim (over parameters) and by the duplicate-request lookup (over an `orders` row), so both
+/// produce the same jsonb — and the same text — for the same order. The colons of the time
+/// format are quoted (`":"`) so pgbench, which reads `:name` as a variable even inside string
+/// literals, can run these statements verbatim.
+macro_rules! order_json_sql {
+    ($order_id:literal, $request_id:literal, $amount_minor:literal, $amount:literal,
+     $currency:literal, $item:literal, $quantity:literal, $recipient:literal, $status:literal,
+     $created_at:literal) => {
+        concat!(
+            "jsonb_build_object(",
+            "'order_id', ",
+            $order_id,
+            ", 'request_id', ",
+            $request_id,
+            ", 'amount_minor', ",
+            $amount_minor,
+            ", 'amount', ",
+            $amount,
+            ", 'currency', ",
+            $currency,
+            ", 'item', ",
+            $item,
+            ", 'quantity', ",
+            $quantity,
+            ", 'recipient', ",
+            $recipient,
+            ", 'status', ",
+            $status,
+            ", 'created_at', to_char(",
+            $created_at,
+            " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24\":\"MI\":\"SS.US\"Z\"'))"
+        )
+    };
+}
+
+/// `WITH existing AS (...`: the claim statements' unlocked read of the record (see
+/// [`EXISTING`]); the caller closes the parenthesis.
+macro_rules! existing_cte {
+    () => {
+        "WITH existing AS (
+    SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
+    FROM idempotency_records
+    WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
+"
+    };
+}
+
+/// Starts the claiming transaction; READ COMMITTED whatever the server's default.
+pub const BEGIN: &str = crate::db::sql::BEGIN_READ_COMMITTED;
+
+/// `$1` = `api.claim_lock_timeout` in milliseconds, e.g. `'2000ms'`. Transaction-local: when
+/// the connection goes back to the pool nothing needs restoring.
+pub const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+
+/// Claim the key and, only if this transaction now owns it, create the order and its outbox
+/// event — one statement.
+///
+/// `$1` tenant, `$2` principal, `$3` operation, `$4` idempotency key, `$5` fingerprint
+/// (bytea, 32 bytes), `$6` new order id (uuid v7), `$7` request_id, `$8` amount_minor,
+/// `$9` amount as a decimal string with the currency's minor digits, `$10` currency,
+/// `$11` item, `$12` quantity, `$13` recipient, `$14` replay window in microseconds,
+/// `$15` new event id (uuid v7), `$16` metadata (jsonb or NULL).
+///
+/// Returns [`CLAIM_RESULT_COLUMNS`]: one row with `created` to the owner (`body`,
+/// `order_id`); one row with `created = false` describing the record when the statement's
+/// snapshot already holds the key (see [`EXISTING`]); no row when the key was committed by a
+/// concurrent owner while this INSERT waited for it.
+pub const CLAIM_AND_CREATE: &str =
+    concat!(
+    existing_cte!(),
+    "), claim AS (\n",
+    "    INSERT INTO idempotency_records\n",
+    "        (tenant_id, principal_id, operation, idempotency_key, fingerprint,\n",
+    "         status_code, response_body, order_id, replay_deadline)\n",
+    "    SELECT $1, $2, $3, $4, $5::bytea, 201,\n        ",
+    order_json_sql!(
+        "$6::uuid", "$7::text", "$8::bigint", "$9::text", "$10::text", "$11::text",
+        "$12::integer", "$13::text", "'created'", "now()"
+    ),
+    ",\n",
+    "        $6::uuid, now() + $14::bigint * interval '1 microsecond'\n",
+    "    WHERE NOT EXISTS (SELECT FROM existing)\n",
+    "    ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING\n",
+    "    RETURNING order_id, response_body\n",
+    "), new_order AS (\n",
+    "    INSERT INTO orders (order_id, tenant_id, principal_id, request_id, amount_minor,\n",
+    "                        currency, item, quantity, recipient, status, created_at)\n",
+    "    SELECT claim.order_id, $1, $2, $7, $8, $10, $11, $12, $13, 'created', now()\n",
+    "    FROM claim\n",
+    "    RETURNING order_id\n",
+    "), event AS (\n",
+    "    INSERT INTO outbox_events (event_id, tenant_id, order_id, event_type, payload)\n",
+    "    SELECT $15, $1, new_order.order_id, 'order.created',\n",
+    "           jsonb_build_object('order', claim.response_body,\n",
+    "                              'metadata', coalesce($16::jsonb, '{}'::jsonb))\n",
+    "    FROM new_order CROSS JOIN claim\n",
+    ")\n",
+    "SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,\n",
+    "       NULL::boolean AS expired, NULL::boolean AS past_deadline\n",
+    "FROM claim\n",
+    "UNION ALL\n",
+    "SELECT false, NULL, order_id, fingerprint, expired, past_deadline FROM existing"
+);
+
+/// Claim the key with a deterministic business rejection as its stored, terminal outcome
+/// (422 approval-limit-exceeded): no order, no event.
+///
+/// `$1` tenant, `$2` principal, `$3` operation, `$4` key, `$5` fingerprint, `$6` status code
+/// (smallint), `$7` problem body (jsonb), `$8` replay window in microseconds.
+///
+/// Returns [`CLAIM_RESULT_COLUMNS`] like [`CLAIM_AND_CREATE`] (`order_id` is NULL).
+pub const CLAIM_REJECTED: &str = concat!(
+    existing_cte!(),
+    "), claim AS (
+    INSERT INTO idempotency_records
+        (tenant_id, principal_id, operation, idempotency_key, fingerprint,
+         status_code, response_body, order_id, replay_deadline)
+    SELECT $1, $2, $3, $4, $5::bytea, $6::smallint, $7::jsonb, NULL,
+           now() + $8::bigint * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT FROM existing)
+    ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
+    RETURNING order_id, response_body
+)
+SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,
+       NULL::boolean AS expired, NULL::boolean AS past_deadline
+FROM claim
+UNION ALL
+SELECT false, NULL, order_id, fingerprint, expired, past_deadline FROM existing"
+);
+
+/// The columns both claim statements return, in order.
+pub const CLAIM_RESULT_COLUMNS: [&str; 6] = [
+    "created",
+    "body",
+    "order_id",
+    "fingerprint",
+    "expired",
+    "past_deadline",
+];
+
+/// The `existing` part of both claim statements, for the documentation: the record as the
+/// statement's snapshot sees it, read without a lock. When it is there, the INSERT inserts
+/// nothing and so never waits on the record: not for a cleanup batch tombstoning it, not
+/// for anyone else holding it. (A key committed by someone else after the snapshot is not
+/// seen here; the INSERT then waits for that owner, as the protocol requires, and finds the
+/// conflict.)
+pub const EXISTING: &str = concat!(existing_cte!(), ")");
+
+/// Starts the replay transaction's settings: `$1` = `api.claim_lock_timeout` like
+/// [`SET_LOCK_TIMEOUT`], and asynchronous commit — the replay's only write is its transient
+/// row-lock marker, so its COMMIT need not wait for a WAL flush (module docs).
+pub const SET_REPLAY_SETTINGS: &str = "\
+SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'off', true)";
+
+/// The existing record while its replay window is open, share-locked so the cleaner cannot
+/// tombstone it under the reader. Records past their window are not returned (nor locked,
+/// nor waited for): those are the ones the cleaner locks, and their answer needs no body —
+/// [`READ_EXPIRED`] reads them. The window is judged on the database clock and ends exactly
+/// at `replay_deadline`, whether or not the cleaner has run yet.
+///
+/// `$1` tenant, `$2` principal, `$3` operation, `$4` key.
+pub const READ_FOR_REPLAY: &str = "\
+SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
+       replay_deadline <= now() AS past_deadline
+FROM idempotency_records
+WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
+  AND NOT expired AND replay_deadline > now()
+FOR SHARE";
+
+/// When [`READ_FOR_REPLAY`] found nothing: the record as it is, without a lock (a plain
+/// snapshot read never waits for the cleaner). It is past its window or a tombstone — the
+/// answer is key reuse or "expired", from the fingerprint and the order id, which never
+/// change — or it is gone (only a retention purge deletes records).
+///
+/// `$1` tenant, `$2` principal, `$3` operation, `$4` key.
+pub const READ_EXPIRED: &str = "\
+SELECT fingerprint, status_code, NULL::text AS body, order_id, expired,
+       replay_deadline <= now() AS past_deadline
+FROM idempotency_records
+WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
+
+/// Ends the transaction (a ROLLBACK when a statement in it failed).
+pub const COMMIT: &str = crate::db::sql::COMMIT;
+
+/// After 23505 on `orders_tenant_request_key` (the claiming transaction rolled back): the
+/// order that has this request_id, with its representation built exactly as the claim built
+/// it. A plain snapshot read, outside any transaction; takes no row lock.
+///
+/// `$1` tenant, `$2` request_id, `$3` amount as a decimal string in the *request's* currency
+/// (only used when the stored order's amount and currency equal the request's).
+pub const FIND_ORDER_BY_REQUEST_ID: &str = concat!(
+    "SELECT principal_id, amount_minor, currency::text AS currency, item, quantity,\n",
+    "       recipient, order_id,\n       ",
+    order_json_sql!(
+        "order_id",
+        "request_id",
+        "amount_minor",
+        "$3::text",
+        "currency::text",
+        "item",
+        "quantity",
+        "recipient",
+        "status",
+        "created_at"
+    ),
+    "::text AS body\n",
+    "FROM orders\n",
+    "WHERE tenant_id = $1 AND request_id = $2"
+);
+
+/// Every statement by name, for the benchmark's pgbench scripts and the documentation.
+pub const STATEMENTS: &[(&str, &str)] = &[
+    ("begin", BEGIN),
+    ("set_lock_timeout", SET_LOCK_TIMEOUT),
+    ("set_replay_settings", SET_REPLAY_SETTINGS),
+    ("claim_and_create", CLAIM_AND_CREATE),
+    ("claim_rejected", CLAIM_REJECTED),
+    ("read_for_replay", READ_FOR_REPLAY),
+    ("read_expired", READ_EXPIRED),
+    ("commit", COMMIT),
+    ("find_order_by_request_id", FIND_ORDER_BY_REQUEST_ID),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_are_parameterised_and_name_the_conflict_target() {
+        // Parameters are numbered 1..=n without gaps (a gap would be an unbound placeholder).
+        for (name, text) in STATEMENTS {
+            let mut used: Vec<usize> = text
+                .split('$')
+                .skip(1)
+                .filter_map(|t| {
+                    let digits: String = t.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse().ok()
+                })
+                .collect();
+            used.sort_unstable();
+            used.dedup();
+            assert_eq!(used, (1..=used.len()).collect::<Vec<_>>(), "{name}");
+        }
+        for text in [CLAIM_AND_CREATE, CLAIM_REJECTED] {
+            assert!(text.contains(
+                "ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING"
+            ));
+        }
+        assert!(READ_FOR_REPLAY.trim_end().ends_with("FOR SHARE"));
+        assert!(
+            !READ_EXPIRED.contains("FOR "),
+            "the expired read takes no lock"
+        );
+    }
+
+    #[test]
+    fn only_the_replay_transaction_commits_asynchronously() {
+        // A claim's 201 must be durable before it is sent; a replay writes nothing durable.
+        assert!(SET_REPLAY_SETTINGS.contains("'synchronous_commit', 'off'"));
+        assert!(!SET_LOCK_TIMEOUT.contains("synchronous_commit"));
+        assert!(!CLAIM_AND_CREATE.contains("synchronous_commit"));
+    }
+
+    #[test]
+    fn statements_run_verbatim_in_pgbench() {
+        // pgbench substitutes `:name` everywhere, string literals included; `::` casts are fine.
+        for (name, text) in STATEMENTS {
+            let b = text.as_bytes();
+            for i in 0..b.len() {
+                let lone_colon = b[i] == b':'
+                    && (i == 0 || b[i - 1] != b':')
+                    && b.get(i + 1)
+                        .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_');
+                assert!(!lone_colon, "{name}: `:name` at byte {i}");
+            }
+        }
+    }
+}
