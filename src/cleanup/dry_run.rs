@@ -8,7 +8,7 @@ use serde::Serialize;
 use tokio_postgres::IsolationLevel;
 
 use super::run::purge_before;
-use super::{sql, CleanupError};
+use super::{report, sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, OnLocked, RetentionConfig};
 use crate::db;
 
@@ -46,7 +46,7 @@ pub struct DryRunReport {
     /// How far past its deadline that row is.
     #[serde(
         rename = "oldest_due_overdue_seconds",
-        serialize_with = "optional_seconds"
+        serialize_with = "report::optional_seconds"
     )]
     pub oldest_due_overdue: Option<Duration>,
     /// The tenants with the most rows due (at most 10).
@@ -61,13 +61,6 @@ pub struct DryRunReport {
     pub purge: Option<PurgePreview>,
     /// `EXPLAIN` of the batch statement for the first batch (with `--explain`).
     pub plan: Option<String>,
-}
-
-fn optional_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_some(&d.as_secs_f64()),
-        None => s.serialize_none(),
-    }
 }
 
 /// Reports what a cleanup run started now would do, without purge figures.

@@ -17,17 +17,24 @@
 //! one `SKIP LOCKED` batch (the rest of the batch is tombstoned at once) and retried once at the
 //! end of the run; whatever is still held then is left for the next run and counted.
 //!
-//! When runs happen is [`crate::scheduler`]'s business; the single-runner lease is [`Lease`].
+//! Files, one concept each: `run` (one run, [`run_once`]), `engine` (the batch engine both phases
+//! share), `report` ([`RunReport`], [`StopReason`], [`RunOutcome`]), `keyset` (where a pass
+//! stands in its index), `dry_run`, `lease` ([`Lease`]) and [`sql`] (every statement). Nothing
+//! here prints: the CLI renders reports, the scheduler and the CLI report failures. When runs
+//! happen is [`crate::scheduler`]'s business.
 
 mod dry_run;
+mod engine;
 mod keyset;
 mod lease;
+mod report;
 mod run;
 pub mod sql;
 
 pub use dry_run::{dry_run, dry_run_with_purge, DryRunReport, DueCount, PurgePreview};
 pub use lease::{lease_key, Lease};
-pub use run::{run_once, RunLimits, RunOutcome, RunReport, StopReason};
+pub use report::{RunOutcome, RunReport, StopReason};
+pub use run::{run_once, RunLimits};
 
 use crate::db::{self, DbError, ErrorClass};
 

@@ -1,0 +1,435 @@
+//! The batch engine both phases of a run share (tombstoning, then the optional purge): it walks
+//! the phase's index batch by batch, each batch one short pipelined transaction, isolates rows
+//! held past `cleanup.lock_timeout` with `SKIP LOCKED`, retries deadlocks, and feeds the metrics.
+//! The statements and their locking argument are in [`super::sql`]; where a pass stands in its
+//! index is [`super::keyset`].
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Statement};
+use tokio_util::sync::CancellationToken;
+
+use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
+use super::report::{RunOutcome, RunReport, StopReason};
+use super::run::RunLimits;
+use super::{sql, CleanupError};
+use crate::config::{CleanupConfig, OnLocked};
+use crate::db::pipeline::Pipelined;
+use crate::db::{self, DbError, ErrorClass};
+use crate::metrics::Metrics;
+
+/// Attempts per batch when it fails with a deadlock (40P01) or serialization failure (40001).
+/// Neither should happen (every locker goes in primary-key order); a few retries cover a foreign
+/// locker that does not.
+const MAX_BATCH_ATTEMPTS: u32 = 5;
+
+/// The two phases of a run share one batch engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Due records become tombstones (index: `idempotency_records_due_idx`).
+    Tombstone,
+    /// Old tombstones are deleted (index: `idempotency_records_purge_idx`).
+    Purge,
+}
+
+impl Phase {
+    fn statements(self) -> (&'static str, &'static str) {
+        match self {
+            Phase::Tombstone => (sql::TOMBSTONE_BATCH, sql::TOMBSTONE_BATCH_SKIP_LOCKED),
+            Phase::Purge => (sql::PURGE_BATCH, sql::PURGE_BATCH_SKIP_LOCKED),
+        }
+    }
+
+    fn step(self) -> &'static str {
+        match self {
+            Phase::Tombstone => "running a tombstone batch",
+            Phase::Purge => "running a purge batch",
+        }
+    }
+}
+
+/// Main pass over the whole range, or the final pass over ranges the main pass left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PassKind {
+    Main,
+    Final,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct PhaseResult {
+    /// `Some` when a limit or shutdown stopped the phase.
+    pub(super) stopped: Option<StopReason>,
+    pub(super) changed: u64,
+    pub(super) batches: u64,
+    pub(super) lock_timeouts: u64,
+    pub(super) rows_skipped: u64,
+    /// Ranges that may still hold rows at the end.
+    pub(super) left: Revisit,
+}
+
+/// A batch that ran to its end, or one rolled back by `lock_timeout`.
+enum BatchResult {
+    Done(BatchRows),
+    LockTimeout,
+}
+
+/// One run's batch engine: the session, the prepared transaction frame, the run's limits and its
+/// running figures.
+pub(super) struct Engine<'a> {
+    client: &'a Client,
+    begin: Statement,
+    batch_settings: Statement,
+    commit: Statement,
+    cleanup: &'a CleanupConfig,
+    limits: RunLimits,
+    shutdown: &'a CancellationToken,
+    meter: Meter<'a>,
+    started: Instant,
+    lock_timeout: String,
+    statement_timeout: String,
+    committed_batches: u64,
+    /// Every batch transaction's duration, committed or not.
+    pub(super) batch_durations: Vec<Duration>,
+    /// Batches retried after a deadlock or serialization failure.
+    pub(super) retries: u64,
+}
+
+impl<'a> Engine<'a> {
+    /// An engine on `client`, with BEGIN, the batch settings and COMMIT prepared once: every
+    /// batch is then one pipelined round trip.
+    pub(super) async fn new(
+        client: &'a Client,
+        cleanup: &'a CleanupConfig,
+        limits: RunLimits,
+        shutdown: &'a CancellationToken,
+        meter: Meter<'a>,
+        started: Instant,
+    ) -> Result<Engine<'a>, CleanupError> {
+        let prepare = |text: &'static str| async move {
+            client
+                .prepare(text)
+                .await
+                .map_err(CleanupError::query("preparing the batch transaction"))
+        };
+        Ok(Engine {
+            client,
+            begin: prepare(db::sql::BEGIN_READ_COMMITTED).await?,
+            batch_settings: prepare(sql::BATCH_SETTINGS).await?,
+            commit: prepare(db::sql::COMMIT).await?,
+            cleanup,
+            limits,
+            shutdown,
+            meter,
+            started,
+            lock_timeout: db::sql::duration_setting(cleanup.lock_timeout),
+            statement_timeout: db::sql::duration_setting(cleanup.statement_timeout),
+            committed_batches: 0,
+            batch_durations: Vec::new(),
+            retries: 0,
+        })
+    }
+
+    /// Walks the phase's index from the beginning up to `bound` (inclusive), batch by batch.
+    ///
+    /// `on_locked = "wait"`: a batch waits up to `lock_timeout` for held rows. On a timeout the
+    /// batch has rolled back; the same range runs once more with `SKIP LOCKED`, which does the
+    /// rest of it and passes over what is held. Ranges passed over get one more (waiting) pass at
+    /// the end of the phase; what is still held then is left for the next run.
+    ///
+    /// `on_locked = "skip"`: every batch uses `SKIP LOCKED`; held rows are left for the next run.
+    #[tracing::instrument(level = "debug", skip(self), fields(?phase, %bound))]
+    pub(super) async fn phase(
+        &mut self,
+        phase: Phase,
+        bound: Key,
+    ) -> Result<PhaseResult, CleanupError> {
+        let (wait_sql, skip_sql) = phase.statements();
+        let wait = self
+            .client
+            .prepare(wait_sql)
+            .await
+            .map_err(CleanupError::query("preparing the batch statement"))?;
+        let skip = self
+            .client
+            .prepare(skip_sql)
+            .await
+            .map_err(CleanupError::query("preparing the batch statement"))?;
+        let waits = self.cleanup.on_locked == OnLocked::Wait;
+
+        let mut result = PhaseResult::default();
+        let mut work = VecDeque::from([(
+            KeyRange {
+                from: None,
+                to: bound,
+            },
+            PassKind::Main,
+        )]);
+        let mut deferred = Revisit::default();
+        while let Some((range, kind)) = work.pop_front() {
+            // Rows passed over in the main pass of "wait" mode get one more try at the end.
+            let retry_later = waits && kind == PassKind::Main;
+            let mut pass = Pass::new(range);
+            loop {
+                if let Some(reason) = self.limit_reached() {
+                    result.left.add(pass.remaining());
+                    for (range, _) in work.drain(..) {
+                        result.left.add(range);
+                    }
+                    for range in deferred.take() {
+                        result.left.add(range);
+                    }
+                    result.stopped = Some(reason);
+                    return Ok(result);
+                }
+                let statement = if waits { &wait } else { &skip };
+                let rows = match self.batch(phase, statement, bound, &pass).await? {
+                    BatchResult::Done(rows) => rows,
+                    BatchResult::LockTimeout => {
+                        result.lock_timeouts += 1;
+                        // Isolate the held rows: the same batch without waiting for them.
+                        match self.batch(phase, &skip, bound, &pass).await? {
+                            BatchResult::Done(rows) => rows,
+                            // Only a table-level lock can time out a SKIP LOCKED batch (DDL in
+                            // progress): leave the rest of this pass for later.
+                            BatchResult::LockTimeout => {
+                                result.lock_timeouts += 1;
+                                result.left.add(pass.remaining());
+                                break;
+                            }
+                        }
+                    }
+                };
+                result.changed += rows.changed;
+                if rows.picked > 0 {
+                    // The last, empty batch of a pass is a transaction but no work.
+                    result.batches += 1;
+                }
+                if !retry_later {
+                    result.rows_skipped += rows.passed_over;
+                }
+                let advance = pass.advance(rows);
+                if let Some(range) = advance.revisit {
+                    if retry_later {
+                        deferred.add(range);
+                    } else {
+                        result.left.add(range);
+                    }
+                }
+                if advance.step == Step::Exhausted {
+                    break;
+                }
+                self.pause().await;
+            }
+            if kind == PassKind::Main {
+                work.extend(deferred.take().into_iter().map(|r| (r, PassKind::Final)));
+            }
+        }
+        Ok(result)
+    }
+
+    fn limit_reached(&self) -> Option<StopReason> {
+        if self.shutdown.is_cancelled() {
+            Some(StopReason::Shutdown)
+        } else if self
+            .limits
+            .max_batches
+            .is_some_and(|max| self.committed_batches >= max)
+        {
+            Some(StopReason::MaxBatches)
+        } else if self.committed_batches > 0 && self.started.elapsed() >= self.cleanup.max_run_time
+        {
+            // Checked once a batch has run, so even a run that connected slowly makes progress.
+            Some(StopReason::MaxRunTime)
+        } else {
+            None
+        }
+    }
+
+    /// `cleanup.pause_between_batches`, outside any transaction; cut short by shutdown.
+    async fn pause(&self) {
+        let pause = self.cleanup.pause_between_batches;
+        if !pause.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = self.shutdown.cancelled() => {}
+            }
+        }
+    }
+
+    /// One batch, retried on deadlock or serialization failure.
+    async fn batch(
+        &mut self,
+        phase: Phase,
+        statement: &Statement,
+        bound: Key,
+        pass: &Pass,
+    ) -> Result<BatchResult, CleanupError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let began = Instant::now();
+            let result = self.transaction(statement, bound, pass).await;
+            let took = began.elapsed();
+            self.batch_durations.push(took);
+            match result {
+                Ok(rows) => {
+                    self.committed_batches += 1;
+                    self.meter.batch("committed", took);
+                    match phase {
+                        Phase::Tombstone => self.meter.tombstoned(rows.changed),
+                        Phase::Purge => self.meter.purged(rows.changed),
+                    }
+                    tracing::debug!(
+                        ?phase,
+                        picked = rows.picked,
+                        changed = rows.changed,
+                        passed_over = rows.passed_over,
+                        seconds = took.as_secs_f64(),
+                        "batch committed"
+                    );
+                    return Ok(BatchResult::Done(rows));
+                }
+                Err(e) => match e.class() {
+                    ErrorClass::LockNotAvailable => {
+                        self.meter.db_error(e.sqlstate_class());
+                        self.meter.batch("lock_timeout", took);
+                        self.meter.lock_timeout();
+                        tracing::info!(
+                            ?phase,
+                            lock_timeout = %self.lock_timeout,
+                            "batch rolled back: a row stayed locked past lock_timeout"
+                        );
+                        return Ok(BatchResult::LockTimeout);
+                    }
+                    ErrorClass::Deadlock | ErrorClass::SerializationFailure
+                        if attempt < MAX_BATCH_ATTEMPTS =>
+                    {
+                        self.meter.db_error(e.sqlstate_class());
+                        self.meter.batch("retried", took);
+                        self.retries += 1;
+                        tracing::warn!(?phase, attempt, error = %db::error_text(&e), "batch rolled back, retrying");
+                        tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+                    }
+                    ErrorClass::Deadlock | ErrorClass::SerializationFailure => {
+                        self.meter.batch("failed", took);
+                        return Err(CleanupError::RetriesExhausted {
+                            attempts: attempt,
+                            source: e,
+                        });
+                    }
+                    // Fatal errors are counted once, by `run_failed`.
+                    _ => {
+                        self.meter.batch("failed", took);
+                        return Err(CleanupError::Database {
+                            step: phase.step(),
+                            source: e,
+                        });
+                    }
+                },
+            }
+        }
+    }
+
+    /// BEGIN; SET LOCAL timeouts and join settings; the batch statement; COMMIT — pipelined,
+    /// one round trip ([`db::pipeline`]): the batch's row locks are released the moment its
+    /// statement ends, and the batch applies whole or not at all.
+    async fn transaction(
+        &self,
+        statement: &Statement,
+        bound: Key,
+        pass: &Pass,
+    ) -> Result<BatchRows, DbError> {
+        let limit = i64::from(self.cleanup.batch_size);
+        let from = pass.cursor();
+        let to = pass.to();
+        let settings: [&(dyn ToSql + Sync); 2] = [&self.lock_timeout, &self.statement_timeout];
+        let params: [&(dyn ToSql + Sync); 4] = [&bound, &from, &to, &limit];
+        let row = Pipelined {
+            begin: &self.begin,
+            settings: &self.batch_settings,
+            statement,
+            commit: &self.commit,
+        }
+        .query_one(self.client, &settings, &params)
+        .await
+        .map_err(|failure| DbError::Query(failure.error))?;
+        let picked: i64 = row.try_get(0)?;
+        let changed: i64 = row.try_get(1)?;
+        let last: Option<Key> = row.try_get(2)?;
+        let passed_over: i64 = if row.len() > 3 { row.try_get(3)? } else { 0 };
+        Ok(BatchRows {
+            picked: u64::try_from(picked).unwrap_or(0),
+            changed: u64::try_from(changed).unwrap_or(0),
+            last,
+            passed_over: u64::try_from(passed_over).unwrap_or(0),
+        })
+    }
+}
+
+/// Feeds the metrics when the caller passed them.
+#[derive(Clone, Copy)]
+pub(super) struct Meter<'a>(pub(super) Option<&'a Metrics>);
+
+impl Meter<'_> {
+    fn batch(&self, outcome: &str, took: Duration) {
+        if let Some(m) = self.0 {
+            m.cleanup_batches.with_label_values(&[outcome]).inc();
+            m.cleanup_batch_duration.observe(took.as_secs_f64());
+        }
+    }
+
+    fn tombstoned(&self, rows: u64) {
+        if let Some(m) = self.0 {
+            m.cleanup_rows_tombstoned.inc_by(rows);
+        }
+    }
+
+    fn purged(&self, rows: u64) {
+        if let Some(m) = self.0 {
+            m.tombstones_purged.inc_by(rows);
+        }
+    }
+
+    fn lock_timeout(&self) {
+        if let Some(m) = self.0 {
+            m.cleanup_lock_timeouts.inc();
+        }
+    }
+
+    fn db_error(&self, sqlstate_class: &str) {
+        if let Some(m) = self.0 {
+            m.db_error(sqlstate_class);
+        }
+    }
+
+    pub(super) fn run_finished(&self, report: &RunReport) {
+        if let Some(m) = self.0 {
+            m.cleanup_runs
+                .with_label_values(&[report.outcome.label()])
+                .inc();
+            m.cleanup_run_duration
+                .observe(report.duration.as_secs_f64());
+            m.cleanup_backlog_rows
+                .set(i64::try_from(report.backlog_rows).unwrap_or(i64::MAX));
+            m.cleanup_oldest_due_age_seconds
+                .set(report.oldest_due_age.map_or(0.0, |d| d.as_secs_f64()));
+            // A partial run made progress without error: it counts as a success here; the
+            // backlog gauges show what it left.
+            m.cleanup_last_success_timestamp_seconds
+                .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+        }
+    }
+
+    pub(super) fn run_failed(&self, error: &CleanupError, took: Duration) {
+        if let Some(m) = self.0 {
+            m.cleanup_runs
+                .with_label_values(&[RunOutcome::Failed.label()])
+                .inc();
+            m.cleanup_run_duration.observe(took.as_secs_f64());
+            m.db_error(error.sqlstate_class());
+        }
+    }
+}
