@@ -21,11 +21,11 @@ use crate::config::Config;
 use crate::db::{self, migrations};
 use crate::http::{self, ApiState};
 use crate::metrics::Metrics;
-use crate::ops_server::{self, OpsState};
-use crate::readiness::ReadinessProbe;
+use crate::ops::listener::{self, OpsState};
+use crate::ops::readiness::ReadinessProbe;
+use crate::ops::systemd::Notifier;
 use crate::scheduler::{Scheduler, SchedulerState, SchedulerStatus};
 use crate::signals::GracefulStop;
-use crate::systemd::Notifier;
 
 /// How long in-flight API requests may take to finish after SIGTERM.
 const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -65,7 +65,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     }
 
     // Bind both listeners before announcing readiness; a taken port is a configuration error.
-    let ops_listener = ops_server::bind(config.metrics.listen).await?;
+    let ops_listener = listener::bind(config.metrics.listen).await?;
     let api = if config.api.enabled {
         let state = ApiState::new(&config, metrics.clone())?;
         let listener = tokio::net::TcpListener::bind(config.api.listen)
@@ -87,7 +87,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     if let Some((state, _)) = &api {
         ops_state = ops_state.with_pool(state.pool().clone());
     }
-    let ops_task = tokio::spawn(ops_server::serve_metrics(
+    let ops_task = tokio::spawn(listener::serve_metrics(
         ops_listener,
         ops_state,
         stop_ops.clone(),

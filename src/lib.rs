@@ -17,9 +17,7 @@
 //! * [`scheduler`] — when cleanup runs happen inside `serve`;
 //! * [`db`] — connection pools, SQLSTATE classification, and [`db::migrations`];
 //! * [`pg_cluster`] — throwaway local PostgreSQL clusters for tests, the demo and benchmarks;
-//! * [`readiness`] — is the database reachable and the schema current (`/readyz`, watchdog);
-//! * [`ops_server`] — the metrics and health listener (`/metrics`, `/healthz`, `/readyz`);
-//! * [`systemd`] — sd_notify readiness, status and the watchdog;
+//! * [`ops`] — the metrics and health listener, readiness, and sd_notify with the watchdog;
 //! * [`cli`] — the command line and its exit codes;
 //! * [`claim`] — the claim/replay transaction and its [`claim::ClaimOutcome`];
 //! * [`http`] — the HTTP API around it; [`auth`] — bearer tokens; [`order_request`] — request
@@ -42,12 +40,10 @@ pub mod http;
 pub mod lookup;
 pub mod metrics;
 pub mod money;
-pub mod ops_server;
+pub mod ops;
 pub mod order_request;
 pub mod pg_cluster;
-pub mod readiness;
 pub mod schedule;
 pub mod scheduler;
 pub mod signals;
 pub mod stdout;
-pub mod systemd;

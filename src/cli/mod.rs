@@ -192,7 +192,7 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if cause.is::<crate::daemon::ListenError>() || cause.is::<crate::auth::TokensError>() {
             return Exit::Usage;
         }
-        if let Some(crate::ops_server::OpsServerError::Bind { .. }) = cause.downcast_ref() {
+        if let Some(crate::ops::listener::OpsServerError::Bind { .. }) = cause.downcast_ref() {
             return Exit::Usage;
         }
         // ApiError::Tokens is transparent: its TokensError is not in the chain of causes.
@@ -262,7 +262,7 @@ mod tests {
         use crate::auth::TokensError;
         use crate::daemon::ListenError;
         use crate::http::ApiError;
-        use crate::ops_server::OpsServerError;
+        use crate::ops::listener::OpsServerError;
         use crate::pg_cluster::ClusterError;
 
         let io_error = || io::Error::new(io::ErrorKind::AddrInUse, "in use");

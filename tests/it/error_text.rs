@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tombstoned::db::{self, error_text, DbError};
 use tombstoned::metrics::Metrics;
-use tombstoned::ops_server::OpsState;
+use tombstoned::ops::listener::OpsState;
 
 use crate::cleanup_support::{seed_live, DUE};
 use crate::daemon_support::{until_ready, Daemon, NotifySocket, Spec, PATIENCE};

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use tombstoned::db::{self, migrations};
 use tombstoned::metrics::Metrics;
-use tombstoned::ops_server::{OpsState, METRICS_CONTENT_TYPE};
-use tombstoned::readiness::ReadinessProbe;
+use tombstoned::ops::listener::{OpsState, METRICS_CONTENT_TYPE};
+use tombstoned::ops::readiness::ReadinessProbe;
 
 use crate::harness::{self, TestDb};
 use crate::ops_support::{free_port, fresh_probe, get, prometheus_tool, RunningOps};

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tombstoned::config::DatabaseConfig;
-use tombstoned::ops_server::{self, OpsServerError, OpsState};
-use tombstoned::readiness::ReadinessProbe;
+use tombstoned::ops::listener::{self, OpsServerError, OpsState};
+use tombstoned::ops::readiness::ReadinessProbe;
 
 /// The repository root (for `config/prometheus/...`).
 pub fn repo_root() -> &'static Path {
@@ -29,12 +29,12 @@ pub struct RunningOps {
 impl RunningOps {
     /// Binds 127.0.0.1:0 and serves `state`.
     pub async fn start(state: OpsState) -> Self {
-        let listener = ops_server::bind("127.0.0.1:0".parse().unwrap())
+        let listener = listener::bind("127.0.0.1:0".parse().unwrap())
             .await
             .expect("bind the metrics listener");
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(ops_server::serve_metrics(listener, state, shutdown.clone()));
+        let task = tokio::spawn(listener::serve_metrics(listener, state, shutdown.clone()));
         RunningOps {
             addr,
             shutdown,

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tombstoned::cleanup::{self, RunLimits};
 use tombstoned::metrics::Metrics;
-use tombstoned::ops_server::OpsState;
+use tombstoned::ops::listener::OpsState;
 
 use crate::cleanup_support::{counts, seed_live, DUE, NOT_DUE};
 use crate::harness::TestDb;

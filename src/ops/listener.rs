@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::readiness::{Readiness, ReadinessProbe};
+use crate::ops::readiness::{Readiness, ReadinessProbe};
 
 /// The content type of `/metrics`: Prometheus text exposition format 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
