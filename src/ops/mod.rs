@@ -2,8 +2,10 @@
 //!
 //! * [`listener`] — the metrics and health listener (`/metrics`, `/healthz`, `/readyz`);
 //! * [`readiness`] — is the database reachable and the schema current;
-//! * [`systemd`] — sd_notify: readiness, status, reload, stopping and the watchdog.
+//! * [`watchdog`] — when the daemon still vouches for itself to the watchdog;
+//! * [`systemd`] — the sd_notify transport: readiness, status, reload, stopping, watchdog pings.
 
 pub mod listener;
 pub mod readiness;
 pub mod systemd;
+pub mod watchdog;
