@@ -67,10 +67,8 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     let stop_work = CancellationToken::new(); // API and scheduler
     let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
     let readiness = Arc::new(ReadinessProbe::new(config.database.clone()));
-    let mut ops_state = OpsState::new(metrics.clone(), readiness.clone());
-    if let Some((state, _)) = &api {
-        ops_state = ops_state.with_pool(state.pool().clone());
-    }
+    // The API's state reports its pool's connections on /metrics (Metrics::observe_pool).
+    let ops_state = OpsState::new(metrics.clone(), readiness.clone());
     let ops_task = tokio::spawn(listener::serve_metrics(
         ops_listener,
         ops_state,

@@ -2,6 +2,11 @@
 //! text rendering. Label values are closed sets (outcomes, routes, SQLSTATE classes): never keys,
 //! tokens, bodies or tenant names.
 
+use std::sync::{Arc, PoisonError, RwLock};
+
+use deadpool_postgres::Pool;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -61,8 +66,8 @@ pub struct Metrics {
     /// `tombstoned_claims_total{outcome}` (see [`CLAIM_OUTCOMES`]).
     pub claims: IntCounterVec,
 
-    /// `tombstoned_db_pool_connections{state}`: `in_use`, `idle`, `max`.
-    pub db_pool_connections: IntGaugeVec,
+    /// `tombstoned_db_pool_connections{state}`: read from the pool at each scrape.
+    db_pool_connections: PoolConnections,
     /// `tombstoned_db_errors_total{sqlstate_class}`
     pub db_errors: IntCounterVec,
 }
@@ -224,15 +229,18 @@ impl Metrics {
                 &["outcome"],
             )?,
             db_pool_connections: {
-                let g = IntGaugeVec::new(
-                    Opts::new(
-                        "tombstoned_db_pool_connections",
-                        "API pool connections by state: in_use, idle, max.",
-                    ),
-                    &["state"],
-                )?;
-                r.register(Box::new(g.clone()))?;
-                g
+                let c = PoolConnections {
+                    gauge: IntGaugeVec::new(
+                        Opts::new(
+                            "tombstoned_db_pool_connections",
+                            "API pool connections by state: in_use, idle, max.",
+                        ),
+                        &["state"],
+                    )?,
+                    pool: Arc::new(RwLock::new(None)),
+                };
+                r.register(Box::new(c.clone()))?;
+                c
             },
             db_errors: counter_vec(
                 &r,
@@ -269,6 +277,16 @@ impl Metrics {
         Ok(m)
     }
 
+    /// Reports `pool`'s connections as `tombstoned_db_pool_connections{state}` from now on,
+    /// read at each scrape (the API's pool; a later call replaces the pool reported).
+    pub fn observe_pool(&self, pool: &Pool) {
+        *self
+            .db_pool_connections
+            .pool
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(pool.clone());
+    }
+
     /// Records a database error under its SQLSTATE class.
     pub fn db_error(&self, sqlstate_class: &str) {
         self.db_errors.with_label_values(&[sqlstate_class]).inc();
@@ -284,6 +302,46 @@ impl Metrics {
         let mut buf = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
         Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+}
+
+/// `tombstoned_db_pool_connections{state}`, a collector that reads the pool's status when it is
+/// gathered: the figures are never staler than the scrape, and no request has to refresh them.
+/// Clones share the gauge and the pool (one is registered, one is kept to set the pool).
+#[derive(Clone)]
+struct PoolConnections {
+    gauge: IntGaugeVec,
+    pool: Arc<RwLock<Option<Pool>>>,
+}
+
+impl PoolConnections {
+    /// The one place the pool's status becomes the gauge: in use, idle, and the maximum.
+    fn record(&self, status: deadpool_postgres::Status) {
+        let set = |state: &str, value: usize| {
+            self.gauge
+                .with_label_values(&[state])
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        };
+        set("in_use", status.size.saturating_sub(status.available));
+        set("idle", status.available);
+        set("max", status.max_size);
+    }
+}
+
+impl Collector for PoolConnections {
+    fn desc(&self) -> Vec<&Desc> {
+        self.gauge.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let pool = self.pool.read().unwrap_or_else(PoisonError::into_inner);
+        match pool.as_ref() {
+            Some(pool) => {
+                self.record(pool.status());
+                self.gauge.collect()
+            }
+            None => Vec::new(),
+        }
     }
 }
 
@@ -309,5 +367,38 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle}");
         }
+    }
+
+    #[tokio::test]
+    async fn pool_connections_are_read_when_scraped() {
+        let m = Metrics::new().unwrap();
+        assert!(!m
+            .render()
+            .unwrap()
+            .contains("tombstoned_db_pool_connections{"));
+        let config = crate::config::Config::load_from(None, Vec::new(), &[]).unwrap();
+        // Built lazily: no connection is opened.
+        let pool = crate::db::pool(
+            &config.database,
+            "test",
+            4,
+            std::time::Duration::from_secs(1),
+        )
+        .unwrap();
+        m.observe_pool(&pool);
+        let text = m.render().unwrap();
+        for line in [
+            "tombstoned_db_pool_connections{state=\"in_use\"} 0",
+            "tombstoned_db_pool_connections{state=\"idle\"} 0",
+            "tombstoned_db_pool_connections{state=\"max\"} 4",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
+        pool.resize(2);
+        assert!(m
+            .render()
+            .unwrap()
+            .lines()
+            .any(|l| l == "tombstoned_db_pool_connections{state=\"max\"} 2"));
     }
 }

@@ -1,7 +1,7 @@
 //! Per-request bookkeeping around every route: `tombstoned_http_requests_total{route,method,status}`
 //! and `tombstoned_http_request_duration_seconds{route}` labelled with the route *template* (never
-//! a raw path, key or id), the pool gauges, `Cache-Control: no-store`, and one log line per
-//! request at debug level (no keys, tokens or bodies).
+//! a raw path, key or id), `Cache-Control: no-store`, and one log line per request at debug level
+//! (no keys, tokens or bodies).
 
 use std::time::Instant;
 
@@ -66,7 +66,6 @@ pub(crate) async fn track(State(state): State<ApiState>, request: Request, next:
         .http_request_duration
         .with_label_values(&[route])
         .observe(elapsed.as_secs_f64());
-    state.refresh_pool_metrics();
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

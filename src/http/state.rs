@@ -63,6 +63,7 @@ impl ApiState {
             config.database.connect_timeout,
         )
         .map_err(ApiError::Pool)?;
+        metrics.observe_pool(&pool);
         let live = build_live(config, None)?;
         tracing::info!(
             tokens = live.tokens.len(),
@@ -131,22 +132,6 @@ impl ApiState {
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
         self.inner.tasks.reopen();
-    }
-
-    /// Updates `tombstoned_db_pool_connections{state}` from the pool.
-    pub fn refresh_pool_metrics(&self) {
-        let status = self.inner.pool.status();
-        let gauge = &self.inner.metrics.db_pool_connections;
-        let in_use = status.size.saturating_sub(status.available);
-        gauge
-            .with_label_values(&["in_use"])
-            .set(i64::try_from(in_use).unwrap_or(i64::MAX));
-        gauge
-            .with_label_values(&["idle"])
-            .set(i64::try_from(status.available).unwrap_or(i64::MAX));
-        gauge
-            .with_label_values(&["max"])
-            .set(i64::try_from(status.max_size).unwrap_or(i64::MAX));
     }
 }
 

@@ -44,38 +44,20 @@ pub enum OpsServerError {
 pub struct OpsState {
     metrics: Arc<Metrics>,
     readiness: Arc<ReadinessProbe>,
-    pool: Option<Pool>,
 }
 
 impl OpsState {
     /// State serving `metrics` and answering `/readyz` from `readiness`.
     pub fn new(metrics: Arc<Metrics>, readiness: Arc<ReadinessProbe>) -> Self {
-        OpsState {
-            metrics,
-            readiness,
-            pool: None,
-        }
+        OpsState { metrics, readiness }
     }
 
     /// Reports this pool's connections as `tombstoned_db_pool_connections{state}` at each
-    /// scrape (the API's pool).
-    pub fn with_pool(mut self, pool: Pool) -> Self {
-        self.pool = Some(pool);
+    /// scrape ([`Metrics::observe_pool`]; the API's state does so for its own pool).
+    pub fn with_pool(self, pool: Pool) -> Self {
+        self.metrics.observe_pool(&pool);
         self
     }
-}
-
-/// Sets `tombstoned_db_pool_connections{state="in_use"|"idle"|"max"}` from a pool's status.
-pub fn record_pool_status(metrics: &Metrics, status: deadpool_postgres::Status) {
-    let gauge = |state: &str, value: usize| {
-        metrics
-            .db_pool_connections
-            .with_label_values(&[state])
-            .set(i64::try_from(value).unwrap_or(i64::MAX));
-    };
-    gauge("in_use", status.size.saturating_sub(status.available));
-    gauge("idle", status.available);
-    gauge("max", status.max_size);
 }
 
 /// The routes: `/metrics`, `/healthz`, `/readyz`; anything else is 404.
@@ -111,9 +93,6 @@ pub async fn serve_metrics(
 }
 
 async fn metrics(State(state): State<OpsState>) -> Response {
-    if let Some(pool) = &state.pool {
-        record_pool_status(&state.metrics, pool.status());
-    }
     match state.metrics.render() {
         Ok(text) => (
             [
