@@ -8,21 +8,26 @@
 //! * expired records are never deleted by the cleaner but turned into **tombstones** (the body is
 //!   cleared, scope, key and fingerprint stay), so a key can never be reused for another purchase.
 //!
-//! Modules, one concept each:
+//! Modules, one concept each, in layers whose dependencies run one way (downwards):
 //!
-//! * [`config`] — the TOML configuration, environment overrides and validation into typed values;
-//! * [`schedule`] — crontab(5) schedules and their fire times;
-//! * [`cleanup`] — one cleanup run (batched, key-ordered tombstoning, purge), the dry run and the
-//!   single-runner lease;
-//! * [`scheduler`] — when cleanup runs happen inside `serve`;
-//! * [`db`] — connection pools, SQLSTATE classification, and [`db::migrations`];
-//! * [`pg_cluster`] — throwaway local PostgreSQL clusters for tests, the demo and benchmarks;
-//! * [`ops`] — the metrics and health listener, readiness, and sd_notify with the watchdog;
-//! * [`cli`] — the command line and its exit codes;
-//! * [`claim`] — the claim/replay transaction and its [`claim::ClaimOutcome`];
-//! * [`http`] — the HTTP API around it; [`auth`] — bearer tokens; [`order_request`] — request
-//!   validation; [`money`] — currencies and amounts; [`fingerprint`] — the intent's fingerprint;
-//!   [`lookup`] — the read-only GET queries.
+//! * edge: [`cli`] — arguments, logging, one file per command, the error → exit status mapping
+//!   and the one error printer; only `main.rs` uses it. [`stdout`] — printing that a closed pipe
+//!   ends quietly;
+//! * composition: [`daemon`] — `serve`: builds the services, signals, reload, ordered shutdown;
+//!   [`signals`] — SIGTERM/SIGINT as a graceful stop, a second one exits 130;
+//! * services: [`scheduler`] — when cleanup runs happen; [`cleanup`] — one run, its batch engine,
+//!   report, dry run, lease and statements; [`http`] — the HTTP API around [`claim`] (the
+//!   claim/replay protocol and its statements) and [`lookup`] (the read-only GET queries);
+//!   [`ops`] — the metrics/health listener, readiness, the watchdog policy and the sd_notify
+//!   transport;
+//! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
+//!   one error text, shared statements, [`db::migrations`]; [`config`] — the configuration
+//!   validated into typed values; [`metrics`] — every Prometheus series;
+//! * pure core: [`schedule`] — crontab(5) schedules; [`fingerprint`] — the intent's fingerprint;
+//!   [`money`] — currencies and amounts; [`order_request`] — request validation; [`auth`] —
+//!   bearer tokens; [`exit`] — the exit statuses;
+//! * to the side: [`demo`] — a scripted client of the real binary; [`pg_cluster`] — throwaway
+//!   PostgreSQL clusters for tests, the demo and benchmarks.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -71,7 +71,7 @@ pub fn substitute(statement: &str, names: &[&str]) -> String {
     out
 }
 
-/// A transaction pipelined like `claim::in_transaction`: BEGIN, the settings, the statement,
+/// A transaction pipelined like the claim's (`db::pipeline`): BEGIN, the settings, the statement,
 /// COMMIT.
 fn pipeline(settings: &str, statement: &str) -> String {
     format!(
