@@ -1,6 +1,6 @@
 //! The claim/replay protocol transaction for `create-order` (docs/protocol.md), independent of
-//! HTTP: every statement it runs, in one place, and the [`ClaimOutcome`] that the HTTP layer,
-//! metrics, logs and tests all read.
+//! HTTP: [`claim`], and the [`ClaimOutcome`] that the HTTP layer, metrics, logs and tests all
+//! read. Every statement it runs is in [`sql`], in one place; the decisions are in `protocol`.
 //!
 //! # The transactions, as PostgreSQL sees them
 //!

@@ -1,16 +1,17 @@
 //! The command line, the binary's edge: argument parsing, logging set-up, dispatch to one file
 //! per command, and the mapping of every outcome to a documented exit status ([`Exit`]), with
-//! the one place an error is printed. Only `main.rs` uses this module; nothing below it prints.
-
-use std::io::Write as _;
-use std::path::PathBuf;
-use std::process::ExitCode;
+//! the one place an error is printed. Only `main.rs` uses this module. What the commands call
+//! never prints (the demo's story aside): reports come back here to be rendered.
 
 mod check_config;
 mod cleanup;
 mod demo;
 mod migrate;
 mod serve;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -128,8 +129,8 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// One line on stderr, `tombstoned: ` first. The only place the edge prints to stderr; when
-/// stderr is gone too there is nowhere left to say so.
+/// One line of the edge's own on stderr, `tombstoned: ` first (logs go there too). When stderr
+/// is gone as well there is nowhere left to say so.
 fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "tombstoned: {line}");
 }
