@@ -139,14 +139,17 @@ impl ReadinessProbe {
     }
 
     /// Checks readiness: the recent result when there is one, otherwise one bounded check
-    /// (waiting for a check already in flight rather than starting another).
+    /// (waiting for a check already in flight rather than starting another). A result is not
+    /// reused once the session it came from has closed (a server restart, a terminated backend):
+    /// that is news the next check must hear.
     pub async fn check(&self) -> Readiness {
         if self.shutting_down.load(Ordering::Acquire) {
             return Readiness::NotReady(NotReady::ShuttingDown);
         }
         let mut state = self.state.lock().await;
+        let session_lost = state.session.as_ref().is_some_and(Session::is_closed);
         if let Some((at, readiness)) = &state.last {
-            if at.elapsed() < self.max_age {
+            if at.elapsed() < self.max_age && !session_lost {
                 return readiness.clone();
             }
         }

@@ -20,6 +20,7 @@ mod harness;
 mod ops_server;
 mod ops_support;
 mod prometheus;
+mod readiness;
 mod replay_locks;
 mod scheduler;
 mod schema;
