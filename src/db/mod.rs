@@ -1,6 +1,7 @@
 //! Database access: connection settings every session gets, the pooled and dedicated sessions,
 //! and the classification of PostgreSQL errors by SQLSTATE (never by message text).
 
+pub mod conninfo;
 pub mod migrations;
 
 use std::time::Duration;
