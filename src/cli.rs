@@ -281,6 +281,9 @@ fn check_config(config: &Config) -> anyhow::Result<Exit> {
         "database: {} (schema {}, pool {} connections)",
         config.database.url, config.database.schema, config.database.pool_size
     );
+    for line in db::connection_summary(&config.database) {
+        println!("database {line}");
+    }
     let purge = config.retention.purge_tombstones_after.map_or(
         "off (tombstones are kept forever)".to_owned(),
         |d| {

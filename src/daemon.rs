@@ -471,6 +471,9 @@ fn reload(
     if new.database.connect_timeout != current.database.connect_timeout {
         needs_restart.push("database.connect_timeout");
     }
+    if new.database.password_file != current.database.password_file {
+        needs_restart.push("database.password_file");
+    }
     if new.api.enabled != current.api.enabled {
         needs_restart.push("api.enabled");
     }
