@@ -744,7 +744,9 @@ fn classify(e: &tokio_postgres::Error, cx: &Context<'_>) -> AttemptError {
             phase,
         };
     }
-    if cx.channel_binding == ChannelBinding::Require && phase == Phase::Startup {
+    // What is left failed inside the startup exchange without a server error: the driver
+    // refusing to authenticate on its own terms.
+    if cx.channel_binding == ChannelBinding::Require {
         return if cx.progress.tls_established() {
             AttemptError::ChannelBindingNotUsed
         } else {
@@ -753,9 +755,8 @@ fn classify(e: &tokio_postgres::Error, cx: &Context<'_>) -> AttemptError {
             }
         };
     }
-    if !cx.has_password && phase == Phase::Startup {
-        // The driver's only other startup failure without a server error or I/O is a
-        // password it was asked for and does not have.
+    if !cx.has_password {
+        // Its only other such failure is a password it was asked for and does not have.
         return AttemptError::NoPassword {
             from: cx.password_source.clone(),
         };
@@ -784,7 +785,11 @@ fn tls_error(e: &rustls::Error, cx: &Context<'_>) -> AttemptError {
                 presented: if presented.is_empty() {
                     "no host name".to_owned()
                 } else {
-                    presented.join(", ")
+                    presented
+                        .iter()
+                        .map(|p| presented_name(p))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 },
             }
         }
@@ -807,6 +812,15 @@ fn tls_error(e: &rustls::Error, cx: &Context<'_>) -> AttemptError {
             "the server sent the alert {alert:?} (a client certificate it does not accept?)"
         )),
         other => AttemptError::Tls(other.to_string()),
+    }
+}
+
+/// rustls lists a certificate's names as `DnsName("db.example")` / `IpAddress(...)`: the name
+/// alone reads better in an error message.
+fn presented_name(presented: &str) -> String {
+    match (presented.find("(\""), presented.rfind("\")")) {
+        (Some(start), Some(end)) if start + 2 <= end => presented[start + 2..end].to_owned(),
+        _ => presented.to_owned(),
     }
 }
 
