@@ -628,6 +628,12 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         connect_timeout: positive("database.connect_timeout", &database.connect_timeout)?,
         password_file: password_file(&database.password_file, base_dir)?,
     };
+    // A connect_timeout in the URL (libpq's meaning: seconds, at least 2) wins, resolved once
+    // here so every bound derived from the timeout agrees with the one connections use.
+    let mut database = database;
+    if let Some(t) = database.url.conninfo().connect_timeout() {
+        database.connect_timeout = t;
+    }
     // The TLS files are read now too, so a missing or unreadable certificate is a
     // configuration error; they are read again at each new connection.
     crate::db::tls::TlsPlan::resolve(database.url.conninfo())
