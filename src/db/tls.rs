@@ -144,8 +144,13 @@ impl TlsPlan {
     /// Resolves the TLS settings of `conninfo` as libpq does: default files under
     /// `~/.postgresql/` when they exist, `require` checking the chain once roots are there.
     pub fn resolve(conninfo: &ConnInfo) -> Result<Self, TlsSetupError> {
+        Self::resolve_in(conninfo, postgresql_dir())
+    }
+
+    /// [`TlsPlan::resolve`] with libpq's default files looked for in `dir`.
+    fn resolve_in(conninfo: &ConnInfo, dir: Option<PathBuf>) -> Result<Self, TlsSetupError> {
         let mode = conninfo.sslmode();
-        let default_root = postgresql_dir().map(|d| d.join("root.crt"));
+        let default_root = dir.as_ref().map(|d| d.join("root.crt"));
         let roots = match conninfo.sslrootcert() {
             Some(RootCert::System) => Roots::System,
             Some(RootCert::File(p)) => Roots::File(p.clone()),
@@ -170,7 +175,6 @@ impl TlsPlan {
                 ),
             });
         }
-        let dir = postgresql_dir();
         let client_cert = match conninfo.sslcert() {
             Some(cert) => Some(cert.to_owned()),
             None => dir
@@ -609,5 +613,79 @@ where
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(s: &str, dir: Option<&Path>) -> Result<TlsPlan, TlsSetupError> {
+        TlsPlan::resolve_in(&ConnInfo::parse(s).unwrap(), dir.map(Path::to_path_buf))
+    }
+
+    #[test]
+    fn each_sslmode_checks_what_libpq_checks() {
+        let empty = tempfile::tempdir().unwrap();
+        let none = Some(empty.path());
+        let v = |s: &str| plan(s, none).unwrap().verification;
+        assert_eq!(v(""), Verification::None, "prefer");
+        assert_eq!(v("sslmode=require"), Verification::None);
+        assert_eq!(
+            v("sslmode=require sslrootcert=/ca.pem"),
+            Verification::Chain
+        );
+        assert_eq!(
+            v("sslmode=verify-ca sslrootcert=/ca.pem"),
+            Verification::Chain
+        );
+        assert_eq!(
+            v("sslmode=verify-full sslrootcert=/ca.pem"),
+            Verification::ChainAndHostName
+        );
+        let system = plan("sslrootcert=system", none).unwrap();
+        assert_eq!(
+            (system.mode, system.verification, system.roots),
+            (
+                SslMode::VerifyFull,
+                Verification::ChainAndHostName,
+                Roots::System
+            )
+        );
+        let e = plan("sslmode=verify-ca", none).unwrap_err().to_string();
+        assert!(e.contains("root.crt") && e.contains("system"), "{e}");
+    }
+
+    #[test]
+    fn libpq_default_files_under_dot_postgresql_are_used_when_present() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("root.crt"), "x").unwrap();
+        std::fs::write(dir.path().join("postgresql.crt"), "x").unwrap();
+        let p = plan("sslmode=require", Some(dir.path())).unwrap();
+        assert_eq!(
+            p.verification,
+            Verification::Chain,
+            "require + root.crt = verify-ca"
+        );
+        assert_eq!(p.roots, Roots::File(dir.path().join("root.crt")));
+        assert_eq!(
+            p.client_cert,
+            Some((
+                dir.path().join("postgresql.crt"),
+                dir.path().join("postgresql.key")
+            ))
+        );
+        let p = plan("sslmode=disable", Some(dir.path())).unwrap();
+        assert_eq!((p.roots, p.client_cert), (Roots::None, None));
+    }
+
+    #[test]
+    fn unreadable_files_are_named() {
+        let p = plan("sslmode=verify-ca sslrootcert=/nonexistent/ca.pem", None).unwrap();
+        let e = p
+            .client_config(&ConnInfo::parse("sslrootcert=/nonexistent/ca.pem").unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sslrootcert /nonexistent/ca.pem"), "{e}");
     }
 }
