@@ -62,15 +62,19 @@ impl ConnectSettings {
         let keepalives = conninfo.keepalives().then(|| Keepalives {
             idle: conninfo
                 .keepalives_idle()
-                .unwrap_or((connect_timeout * 2).max(second)),
+                .unwrap_or(connect_timeout.saturating_mul(2).max(second)),
             interval: conninfo
                 .keepalives_interval()
                 .unwrap_or(connect_timeout.max(second)),
             retries: conninfo.keepalives_count().unwrap_or(3),
         });
+        // The kernel takes milliseconds in 32 bits.
         let tcp_user_timeout = conninfo
             .tcp_user_timeout()
-            .or_else(|| keepalives.map(|k| k.idle + k.interval * k.retries));
+            .or_else(|| {
+                keepalives.map(|k| k.idle.saturating_add(k.interval.saturating_mul(k.retries)))
+            })
+            .map(|t| t.min(Duration::from_millis(u64::from(u32::MAX))));
         Self {
             connect_timeout,
             keepalives,
@@ -365,7 +369,9 @@ impl Connector {
             TargetSessionAttrs::PreferStandby => 2,
             _ => 1,
         };
-        self.settings.connect_timeout * hosts.saturating_mul(passes)
+        self.settings
+            .connect_timeout
+            .saturating_mul(hosts.saturating_mul(passes))
     }
 
     /// Opens a session: hosts in order (or shuffled), each bounded by the connect timeout.

@@ -1242,7 +1242,8 @@ impl ConnInfo {
     /// `connect_timeout` with libpq's meaning: none for zero or less, and at least 2 s.
     pub fn connect_timeout(&self) -> Option<Duration> {
         match self.p.connect_timeout {
-            Some(n) if n > 0 => Some(Duration::from_secs(n.max(2).unsigned_abs())),
+            // Capped at ~24 days, the longest timeout tombstoned accepts anywhere.
+            Some(n) if n > 0 => Some(Duration::from_secs(n.clamp(2, 2_000_000).unsigned_abs())),
             _ => None,
         }
     }

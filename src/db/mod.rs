@@ -226,7 +226,9 @@ pub fn pool(
     let connector = connector(db, purpose);
     // A little over the connector's own bound, so its error (which names each host's
     // failure) arrives before the pool's bare timeout.
-    let create = connector.worst_case() + Duration::from_millis(500);
+    let create = connector
+        .worst_case()
+        .saturating_add(Duration::from_millis(500));
     let manager = Manager::from_connect(
         pg_config(db, purpose),
         connector,
