@@ -44,8 +44,8 @@ pub enum ConnInfoError {
         /// Why (quotes the value only for parameters that cannot hold a secret).
         reason: String,
     },
-    /// A URL that does not follow libpq's URI syntax.
-    #[error("invalid connection URL: {0}")]
+    /// A URL that does not follow libpq's URI syntax (or a string with a NUL character).
+    #[error("invalid connection string: {0}")]
     BadUrl(String),
     /// Parameters that contradict each other.
     #[error("{0}")]
@@ -1025,6 +1025,12 @@ impl ConnInfo {
     /// Parses either form, as libpq does: a string starting with `postgresql://` or
     /// `postgres://` is a URL, anything else a `key=value` string.
     pub fn parse(s: &str) -> Result<Self, ConnInfoError> {
+        if s.contains('\0') {
+            // libpq reads C strings: it could never see what follows.
+            return Err(ConnInfoError::BadUrl(
+                "the connection string contains a NUL character".into(),
+            ));
+        }
         let (form, params) = if s.starts_with("postgresql://") || s.starts_with("postgres://") {
             (Form::Url, parse_url(s)?)
         } else {
