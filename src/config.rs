@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::db::conninfo::ConnInfo;
+use crate::db::credentials;
 use crate::schedule::Schedule;
 
 /// API semantic versions this build understands; the first is the newest.
@@ -92,8 +94,10 @@ pub struct DatabaseConfig {
     pub schema: String,
     /// Connections in the API pool.
     pub pool_size: usize,
-    /// Bound on establishing one connection.
+    /// Bound on establishing one connection, per host (a `connect_timeout` in the URL wins).
     pub connect_timeout: Duration,
+    /// `database.password_file`: the password is read from it at each new connection.
+    pub password_file: Option<PathBuf>,
 }
 
 /// `[retention]`: how long responses are replayable, and whether tombstones ever go.
@@ -170,25 +174,32 @@ pub struct MetricsConfig {
 #[derive(Clone)]
 pub struct DatabaseUrl {
     raw: String,
+    conninfo: ConnInfo,
     parsed: tokio_postgres::Config,
 }
 
 impl DatabaseUrl {
-    /// Parses a `postgresql://` URL or a libpq key=value string.
+    /// Parses a `postgresql://` URL or a libpq key=value string, with libpq's grammar and
+    /// parameters (see [`crate::db::conninfo`]). The error never quotes a value.
     pub fn parse(raw: &str) -> Result<Self, ConfigError> {
-        let parsed = raw
-            .parse::<tokio_postgres::Config>()
-            .map_err(|e| ConfigError::Invalid {
-                key: "database.url",
-                reason: format!("{} ({e})", redact_url(raw)),
-            })?;
+        let conninfo = ConnInfo::parse(raw).map_err(|e| ConfigError::Invalid {
+            key: "database.url",
+            reason: e.to_string(),
+        })?;
+        let parsed = crate::db::connect::driver_config(&conninfo);
         Ok(Self {
             raw: raw.to_owned(),
+            conninfo,
             parsed,
         })
     }
 
-    /// The parsed connection settings.
+    /// The parsed connection string.
+    pub fn conninfo(&self) -> &ConnInfo {
+        &self.conninfo
+    }
+
+    /// The startup parameters and hosts as the driver takes them.
     pub fn pg_config(&self) -> &tokio_postgres::Config {
         &self.parsed
     }
@@ -199,9 +210,10 @@ impl DatabaseUrl {
     }
 }
 
+/// Printed from the parsed structure, the password masked whatever its spelling.
 impl fmt::Display for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&redact_url(&self.raw))
+        fmt::Display::fmt(&self.conninfo, f)
     }
 }
 
@@ -211,36 +223,13 @@ impl fmt::Debug for DatabaseUrl {
     }
 }
 
-/// Masks the password of a `scheme://user:password@host` URL or of a `password=...` pair.
+/// A connection string with its passwords masked, re-printed from its parsed form; a string
+/// that does not parse is not shown at all.
 pub fn redact_url(raw: &str) -> String {
-    if let Some(scheme_end) = raw.find("://") {
-        let rest = &raw[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        if let Some(at) = rest[..authority_end].rfind('@') {
-            if let Some(colon) = rest[..at].find(':') {
-                return format!(
-                    "{}{}:***{}",
-                    &raw[..scheme_end + 3],
-                    &rest[..colon],
-                    &rest[at..]
-                );
-            }
-        }
-        // Also mask `?password=` query parameters.
-        return mask_pairs(raw, '&');
+    match ConnInfo::parse(raw) {
+        Ok(c) => c.to_string(),
+        Err(_) => "(a connection string that does not parse; not shown)".to_owned(),
     }
-    mask_pairs(raw, ' ')
-}
-
-fn mask_pairs(raw: &str, separator: char) -> String {
-    let Some(start) = raw.find("password=") else {
-        return raw.to_owned();
-    };
-    let value_start = start + "password=".len();
-    let value_end = raw[value_start..]
-        .find(separator)
-        .map_or(raw.len(), |i| value_start + i);
-    format!("{}***{}", &raw[..value_start], &raw[value_end..])
 }
 
 /// A value set on the command line, which beats every other source.
@@ -273,6 +262,7 @@ struct RawDatabase {
     schema: String,
     pool_size: i64,
     connect_timeout: String,
+    password_file: String,
 }
 
 impl Default for RawDatabase {
@@ -282,6 +272,7 @@ impl Default for RawDatabase {
             schema: "tombstoned".into(),
             pool_size: 16,
             connect_timeout: "5s".into(),
+            password_file: String::new(),
         }
     }
 }
@@ -440,6 +431,10 @@ impl Config {
             (
                 "database.connect_timeout",
                 db.connect_timeout != new.database.connect_timeout,
+            ),
+            (
+                "database.password_file",
+                db.password_file != new.database.password_file,
             ),
             ("api.enabled", old.api.enabled != new.api.enabled),
             ("api.listen", old.api.listen != new.api.listen),
@@ -644,6 +639,21 @@ fn schema_name(text: &str) -> Result<String, ConfigError> {
     }
 }
 
+/// `database.password_file`, resolved against the configuration file's directory, checked
+/// now (readable, owner-only, not empty) so a bad file is a configuration error (exit 64). It is
+/// read again at each new connection.
+fn password_file(text: &str, base_dir: &Path) -> Result<Option<PathBuf>, ConfigError> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let path = base_dir.join(text);
+    credentials::read_password_file(&path).map_err(|e| ConfigError::Invalid {
+        key: "database.password_file",
+        reason: e.to_string(),
+    })?;
+    Ok(Some(path))
+}
+
 fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
     let RawConfig {
         database,
@@ -658,7 +668,30 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         schema: schema_name(&database.schema)?,
         pool_size: in_range("database.pool_size", database.pool_size, 1, 1000)?,
         connect_timeout: positive("database.connect_timeout", &database.connect_timeout)?,
+        password_file: password_file(&database.password_file, base_dir)?,
     };
+    // A connect_timeout in the URL (libpq's meaning: seconds, at least 2) wins, resolved once
+    // here so every bound derived from the timeout agrees with the one connections use.
+    let mut database = database;
+    if let Some(t) = database.url.conninfo().connect_timeout() {
+        database.connect_timeout = t;
+    }
+    // The TLS files are read now too, so a missing or unreadable certificate is a
+    // configuration error; they are read again at each new connection.
+    crate::db::tls::TlsPlan::resolve(database.url.conninfo())
+        .and_then(|plan| plan.client_config(database.url.conninfo()))
+        .map_err(|e| ConfigError::Invalid {
+            key: "database.url",
+            reason: e.to_string(),
+        })?;
+    if database.password_file.is_some() && database.url.conninfo().password().is_some() {
+        return Err(ConfigError::Invalid {
+            key: "database.password_file",
+            reason: "database.url also holds a password; keep the password in one place \
+                     (remove it from the URL)"
+                .into(),
+        });
+    }
 
     let purge = retention.purge_tombstones_after.trim();
     let retention = RetentionConfig {
@@ -1000,9 +1033,23 @@ mod tests {
             "host=db user=u password=*** dbname=app"
         );
         assert_eq!(
-            redact_url("postgresql://db/app?user=u&password=s3cret&x=1"),
-            "postgresql://db/app?user=u&password=***&x=1"
+            redact_url("postgresql://db/app?user=u&password=s3cret&sslmode=disable"),
+            "postgresql://u:***@db/app?sslmode=disable"
         );
+        assert!(!redact_url("postgresql://db/app?password=s3cret&x=1").contains("s3cret"));
+        for raw in [
+            "host=db password = s3cret",
+            "host=db password= s3cret",
+            "host=db password='s3 cret'",
+            "host=db PASSWORD=s3cret",
+        ] {
+            assert!(!redact_url(raw).contains("s3"), "{raw}");
+            let shown = match DatabaseUrl::parse(raw) {
+                Ok(url) => format!("{url} {url:?}"),
+                Err(e) => e.to_string(),
+            };
+            assert!(!shown.contains("s3"), "{raw}: {shown}");
+        }
         let c = Config::load_from(
             None,
             env(&[("DATABASE_URL", "postgresql://u:s3cret@db/app")]),

@@ -57,6 +57,26 @@ pub enum ClusterError {
 pub struct ClusterOptions {
     /// `-c name=value` settings passed to the server.
     pub settings: Vec<(String, String)>,
+    /// `pg_hba.conf` lines replacing initdb's (which trust every local connection); empty
+    /// keeps initdb's.
+    pub hba: Vec<String>,
+    /// TLS: the server certificate, key and (for client certificates) CA, turned on with
+    /// `ssl = on`.
+    pub ssl: Option<ServerTls>,
+    /// A password for the superuser `postgres` (stored with `password_encryption`).
+    pub superuser_password: Option<String>,
+}
+
+/// The PEM texts a TLS-enabled cluster serves with; written into its data directory, owned by
+/// the server's user with mode 0600 as PostgreSQL requires of the key.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server certificate (chain).
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
+    /// CA certificates client certificates are checked against (`ssl_ca_file`), if any.
+    pub client_ca_pem: Option<String>,
 }
 
 impl ClusterOptions {
@@ -74,7 +94,31 @@ impl ClusterOptions {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+            ..Self::default()
         }
+    }
+
+    /// Replaces `pg_hba.conf` with `lines`.
+    pub fn hba(mut self, lines: &[&str]) -> Self {
+        self.hba = lines.iter().map(|l| (*l).to_owned()).collect();
+        self
+    }
+
+    /// Serves TLS with `tls` (`ssl = on`).
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        let with_ca = tls.client_ca_pem.is_some();
+        self.ssl = Some(tls);
+        self = self.set("ssl", "on");
+        if with_ca {
+            self = self.set("ssl_ca_file", "client_ca.crt");
+        }
+        self
+    }
+
+    /// Gives the superuser `postgres` a password.
+    pub fn superuser_password(mut self, password: &str) -> Self {
+        self.superuser_password = Some(password.to_owned());
+        self
     }
 
     /// Adds or replaces one setting.
@@ -151,10 +195,21 @@ cleanup() {
     rm -rf "$dir"
 }
 trap 'cleanup; exit 1' INT TERM HUP
-if ! "$PGBIN/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C --no-sync \
+pwfile=
+if [ -n "${PGSUPERPASS:-}" ]; then
+    (umask 077; printf '%s\n' "$PGSUPERPASS" >"$dir/pw"); pwfile="--pwfile=$dir/pw"
+fi
+if ! "$PGBIN/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C --no-sync $pwfile \
         >"$dir/initdb.log" 2>&1; then
     cat "$dir/initdb.log" >&2; rm -rf "$dir"; exit 1
 fi
+rm -f "$dir/pw"
+if [ -n "${PGHBA:-}" ]; then printf '%s\n' "$PGHBA" >"$dir/data/pg_hba.conf"; fi
+umask 077
+if [ -n "${PGSSLCERT:-}" ]; then printf '%s\n' "$PGSSLCERT" >"$dir/data/server.crt"; fi
+if [ -n "${PGSSLKEY:-}" ]; then printf '%s\n' "$PGSSLKEY" >"$dir/data/server.key"; fi
+if [ -n "${PGSSLCA:-}" ]; then printf '%s\n' "$PGSSLCA" >"$dir/data/client_ca.crt"; fi
+umask 022
 if ! "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
         -o "-p $PGPORT -c listen_addresses=127.0.0.1 -k $dir $PGSETTINGS" start >/dev/null 2>&1; then
     cat "$dir/server.log" >&2; cleanup; exit 1
@@ -204,6 +259,19 @@ impl ThrowawayCluster {
         ];
         if let Some(lib) = &library_path {
             env.push(("LD_LIBRARY_PATH".to_owned(), lib.display().to_string()));
+        }
+        if !options.hba.is_empty() {
+            env.push(("PGHBA".to_owned(), options.hba.join("\n")));
+        }
+        if let Some(tls) = &options.ssl {
+            env.push(("PGSSLCERT".to_owned(), tls.cert_pem.clone()));
+            env.push(("PGSSLKEY".to_owned(), tls.key_pem.clone()));
+            if let Some(ca) = &tls.client_ca_pem {
+                env.push(("PGSSLCA".to_owned(), ca.clone()));
+            }
+        }
+        if let Some(pw) = &options.superuser_password {
+            env.push(("PGSUPERPASS".to_owned(), pw.clone()));
         }
         let mut command = as_user(owner.as_deref(), "sh", &env);
         command

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::config::Config;
+use crate::db;
 use crate::exit::Exit;
 use crate::stdout;
 
@@ -22,6 +23,9 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
         "database: {} (schema {}, pool {} connections)",
         config.database.url, config.database.schema, config.database.pool_size
     );
+    for line in db::connection_summary(&config.database) {
+        let _ = writeln!(out, "database {line}");
+    }
     let purge = config.retention.purge_tombstones_after.map_or(
         "off (tombstones are kept forever)".to_owned(),
         |d| {

@@ -177,6 +177,9 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if cause.is::<ConfigError>() {
             return Exit::Usage;
         }
+        if cause.is::<db::connect::ConnectError>() {
+            return Exit::Unavailable;
+        }
         if let Some(db) = cause.downcast_ref::<DbError>() {
             return match db.class() {
                 ErrorClass::Unavailable => Exit::Unavailable,

@@ -7,14 +7,12 @@ use tokio_postgres::error::SqlState;
 /// A database failure, with the server it concerns (password redacted).
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    /// The connection could not be established (refused, timed out, authentication failed, ...).
-    #[error("cannot connect to PostgreSQL at {target}")]
+    /// The connection could not be established (refused, timed out, TLS, authentication, ...).
+    #[error("cannot connect to PostgreSQL: {source}")]
     Connect {
-        /// The redacted URL.
-        target: String,
-        /// Why.
+        /// Why, for each host tried (one line, never the password).
         #[source]
-        source: tokio_postgres::Error,
+        source: super::connect::ConnectError,
     },
     /// The pool could not hand out a connection in time, or could not open one.
     #[error("no database connection available")]

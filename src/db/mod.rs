@@ -3,12 +3,16 @@
 //! SQLSTATE ([`ErrorClass`], never by message text), the one error text safe to show anywhere
 //! ([`error_text`]), and [`migrations`].
 
+pub mod connect;
+pub mod conninfo;
+pub mod credentials;
 mod error;
 mod error_text;
 pub mod migrations;
 pub mod pipeline;
 mod session;
 pub mod sql;
+pub mod tls;
 
 pub use error::{classify, sqlstate_class, violated_constraint, DbError, ErrorClass};
 pub use error_text::error_text;
@@ -16,24 +20,28 @@ pub use session::Session;
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
-
 use crate::config::DatabaseConfig;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
-/// The connection settings for one purpose: the configured URL, plus our `application_name`
-/// (visible in `pg_stat_activity`), the connect timeout, TCP keepalives so a dead peer is
-/// noticed, and `search_path` set to the configured schema at connection start-up.
+/// The startup parameters for one purpose: the connection string's, plus our
+/// `application_name` (visible in `pg_stat_activity`), the connect timeout and keepalives (for
+/// tools connecting with this configuration directly), and `search_path` set to the configured
+/// schema at connection start-up. Hosts, TLS and the password of tombstoned's own sessions are
+/// decided per attempt by [`connector`].
 pub fn pg_config(db: &DatabaseConfig, purpose: &str) -> tokio_postgres::Config {
-    let mut pg = db.url.pg_config().clone();
-    if pg.get_application_name().is_none() {
+    let conninfo = db.url.conninfo();
+    let mut pg = connect::driver_config(conninfo);
+    if conninfo.application_name().is_none() {
         pg.application_name(format!("tombstoned/{purpose}"));
     }
-    pg.connect_timeout(db.connect_timeout);
-    pg.keepalives(true);
-    pg.keepalives_idle(Duration::from_secs(30));
-    pg.keepalives_interval(Duration::from_secs(10));
-    pg.keepalives_retries(3);
+    let settings = connect::ConnectSettings::derive(conninfo, db.connect_timeout);
+    pg.connect_timeout(settings.connect_timeout);
+    if let Some(k) = settings.keepalives {
+        pg.keepalives(true);
+        pg.keepalives_idle(k.idle);
+        pg.keepalives_interval(k.interval);
+        pg.keepalives_retries(k.retries);
+    }
     // The schema name was validated as a plain lower-case identifier; no quoting needed.
     let search_path = format!("-c search_path={}", db.schema);
     let options = match pg.get_options() {
@@ -44,17 +52,69 @@ pub fn pg_config(db: &DatabaseConfig, purpose: &str) -> tokio_postgres::Config {
     pg
 }
 
-/// Builds a pool of at most `size` sessions; waiting for a free session is bounded by `wait`.
-/// Connections are opened lazily, so building never touches the network.
+/// The connector every session for `purpose` is opened with (see [`connect::Connector`]).
+pub fn connector(db: &DatabaseConfig, purpose: &str) -> connect::Connector {
+    connect::Connector::new(
+        db.url.conninfo().clone(),
+        pg_config(db, purpose),
+        db.password_file.clone(),
+        connect::ConnectSettings::derive(db.url.conninfo(), db.connect_timeout),
+    )
+}
+
+/// What `check-config` says about connecting: hosts in order, TLS, where the password comes
+/// from (never the password).
+pub fn connection_summary(db: &DatabaseConfig) -> Vec<String> {
+    let conninfo = db.url.conninfo();
+    let settings = connect::ConnectSettings::derive(conninfo, db.connect_timeout);
+    let hosts: Vec<String> = conninfo.targets().iter().map(ToString::to_string).collect();
+    let mut lines = vec![format!(
+        "hosts (in order{}): {}; target_session_attrs {}; connect_timeout {} per host",
+        match conninfo.load_balance_hosts() {
+            conninfo::LoadBalanceHosts::Disable => "",
+            conninfo::LoadBalanceHosts::Random => ", shuffled per connection",
+        },
+        hosts.join(", "),
+        conninfo.target_session_attrs().as_str(),
+        humantime::format_duration(settings.connect_timeout),
+    )];
+    lines.push(match tls::TlsPlan::resolve(conninfo) {
+        Ok(plan) => format!(
+            "TLS: {}; channel_binding {}",
+            plan.describe(),
+            conninfo.channel_binding().as_str()
+        ),
+        Err(e) => format!("TLS: not usable: {e}"),
+    });
+    let source = credentials::password_source(conninfo, db.password_file.as_deref());
+    let missing = match &source {
+        credentials::PasswordSource::Pgpass(path) if !path.exists() => {
+            " (it does not exist: no password)"
+        }
+        _ => "",
+    };
+    lines.push(format!("password: from {source}{missing}"));
+    lines
+}
+
+/// Builds a pool of at most `size` sessions; waiting for a free session is bounded by `wait`,
+/// opening one by the time it takes to try every host (hosts x connect timeout). Connections
+/// are opened lazily, so building never touches the network.
 pub fn pool(
     db: &DatabaseConfig,
     purpose: &str,
     size: usize,
     wait: Duration,
 ) -> Result<Pool, DbError> {
-    let manager = Manager::from_config(
+    let connector = connector(db, purpose);
+    // A little over the connector's own bound, so its error (which names each host's
+    // failure) arrives before the pool's bare timeout.
+    let create = connector
+        .worst_case()
+        .saturating_add(Duration::from_millis(500));
+    let manager = Manager::from_connect(
         pg_config(db, purpose),
-        NoTls,
+        connector,
         ManagerConfig {
             // Fast: a connection the driver saw close is dropped; a statement that fails on a
             // broken connection marks it closed, so the next checkout opens a fresh one.
@@ -65,7 +125,7 @@ pub fn pool(
         .max_size(size)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(wait))
-        .create_timeout(Some(db.connect_timeout))
+        .create_timeout(Some(create))
         .recycle_timeout(Some(db.connect_timeout))
         .build()
         .map_err(DbError::BuildPool)
@@ -80,17 +140,15 @@ pub fn discard(client: deadpool_postgres::Object) {
 
 /// Opens a dedicated session.
 pub async fn connect(db: &DatabaseConfig, purpose: &str) -> Result<Session, DbError> {
-    let (client, connection) = pg_config(db, purpose)
-        .connect(NoTls)
+    let connected = connector(db, purpose)
+        .connect()
         .await
-        .map_err(|source| DbError::Connect {
-            target: db.url.to_string(),
-            source,
-        })?;
-    let task = tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "database connection ended");
-        }
-    });
-    Ok(Session::new(client, task))
+        .map_err(|source| DbError::Connect { source })?;
+    tracing::debug!(
+        purpose,
+        server = %connected.server.target,
+        tls = connected.server.tls,
+        "database session opened"
+    );
+    Ok(Session::new(connected.client, connected.task))
 }

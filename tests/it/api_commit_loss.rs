@@ -230,9 +230,11 @@ async fn api_behind(cut: Cut) -> (TestApi, CuttingProxy) {
     let pg = db.config();
     let upstream_port = *pg.database.url.pg_config().get_ports().first().unwrap();
     let proxy = CuttingProxy::start(upstream_port, cut).await;
+    // The proxy reads plaintext protocol from the first byte: no SSLRequest (which the default
+    // sslmode=prefer sends first, as libpq does).
     let proxied_url = db.url.replace(
         &format!("port={upstream_port}"),
-        &format!("port={}", proxy.port),
+        &format!("port={} sslmode=disable", proxy.port),
     );
     assert_ne!(proxied_url, db.url);
     let api = TestApi::start_custom(db, &[("TOMBSTONED_DATABASE__POOL_SIZE", "1")], |config| {
