@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::schedule::Schedule;
+use crate::toml_diagnostic::{describe, Stage};
 
 /// API semantic versions this build understands; the first is the newest.
 pub const SUPPORTED_API_VERSIONS: &[&str] = &["2026-12-01"];
@@ -35,7 +36,8 @@ pub enum ConfigError {
     Parse {
         /// The file, or "the environment and defaults" when there is no file.
         origin: String,
-        /// The TOML parser's message (it names the key and the line).
+        /// Where (line, column, key) and what kind of mistake; never the line's text or a value,
+        /// which may be the database password ([`crate::toml_diagnostic`]).
         message: String,
     },
     /// A `TOMBSTONED_<SECTION>__<KEY>` variable names no configuration key.
@@ -46,15 +48,14 @@ pub enum ConfigError {
         /// The key it maps to.
         key: String,
     },
-    /// An environment value does not have the type of its key.
-    #[error("environment variable {var}: expected {expected}, got {value:?}")]
+    /// An environment value does not have the type of its key (the value is not repeated: it
+    /// may be a secret set in the wrong variable).
+    #[error("environment variable {var}: expected {expected}")]
     BadEnvValue {
         /// The environment variable.
         var: String,
         /// What the key takes.
         expected: &'static str,
-        /// What was found.
-        value: String,
     },
     /// A value parsed but is not acceptable.
     #[error("invalid value for `{key}`: {reason}")]
@@ -310,7 +311,8 @@ struct RawCleanup {
     batch_size: i64,
     lock_timeout: String,
     statement_timeout: String,
-    on_locked: OnLocked,
+    // A string, validated below: a parse error would not be allowed to quote the value.
+    on_locked: String,
     max_run_time: String,
     pause_between_batches: String,
 }
@@ -323,7 +325,7 @@ impl Default for RawCleanup {
             batch_size: 1000,
             lock_timeout: "5s".into(),
             statement_timeout: "30s".into(),
-            on_locked: OnLocked::Wait,
+            on_locked: "wait".into(),
             max_run_time: "4m".into(),
             pause_between_batches: "0s".into(),
         }
@@ -388,7 +390,7 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         overrides: &[Override],
     ) -> Result<Self, ConfigError> {
-        let (mut table, origin) = match path {
+        let (mut table, origin, text) = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.to_owned(),
@@ -398,13 +400,14 @@ impl Config {
                     text.parse()
                         .map_err(|e: toml::de::Error| ConfigError::Parse {
                             origin: path.display().to_string(),
-                            message: e.to_string(),
+                            message: describe(&e, Some(&text), Stage::Syntax).to_string(),
                         })?;
-                (table, path.display().to_string())
+                (table, path.display().to_string(), Some(text))
             }
             None => (
                 toml::Table::new(),
                 "the environment and defaults".to_owned(),
+                None,
             ),
         };
         apply_env(&mut table, env)?;
@@ -414,9 +417,20 @@ impl Config {
         let raw: RawConfig =
             toml::Value::Table(table)
                 .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    origin,
-                    message: e.to_string().trim_end().to_owned(),
+                .map_err(|e: toml::de::Error| {
+                    // Read the file alone again for the line and column when the mistake is in
+                    // it; otherwise it came from the environment or a flag: the key says which.
+                    let problem = text
+                        .as_deref()
+                        .and_then(|text| {
+                            let e = toml::from_str::<RawConfig>(text).err()?;
+                            Some(describe(&e, Some(text), Stage::Types))
+                        })
+                        .unwrap_or_else(|| describe(&e, None, Stage::Types));
+                    ConfigError::Parse {
+                        origin,
+                        message: problem.to_string(),
+                    }
                 })?;
         let base_dir = path
             .and_then(Path::parent)
@@ -491,7 +505,6 @@ fn apply_env(
                     ConfigError::BadEnvValue {
                         var: var.clone(),
                         expected: "an integer",
-                        value: value.clone(),
                     }
                 })?)
             }
@@ -502,7 +515,6 @@ fn apply_env(
                     return Err(ConfigError::BadEnvValue {
                         var,
                         expected: "true or false",
-                        value,
                     })
                 }
             },
@@ -523,11 +535,45 @@ fn apply_env(
 
 // ---- validation ----------------------------------------------------------------------------
 
+/// The longest `retention.replay_window` and `retention.purge_tombstones_after`: 5,000 years.
+/// A replay deadline is `now()` plus the window and a purge bound `now()` minus the delay; both
+/// must stay inside PostgreSQL's timestamps (4713 BC to 294276 AD; beyond, every claim fails with
+/// 22008) and chrono's (up to 262143 AD, for reading them back). 5,000 years keeps both
+/// directions inside until the year 6700, without a check that depends on today's date.
+pub const MAX_RETENTION: Duration = Duration::from_secs(5_000 * 31_557_600);
+
+/// Every duration setting: humantime syntax, and countable in microseconds by PostgreSQL (a
+/// bigint, or an interval's microsecond field), which caps any duration at ~292,000 years.
 fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(text.trim()).map_err(|e| ConfigError::Invalid {
+    let d = humantime::parse_duration(text.trim()).map_err(|e| ConfigError::Invalid {
         key,
         reason: format!("{text:?} is not a duration ({e}); write e.g. \"250ms\", \"5s\", \"24h\""),
-    })
+    })?;
+    if i64::try_from(d.as_micros()).is_err() {
+        return Err(ConfigError::Invalid {
+            key,
+            reason: format!(
+                "{text:?} is longer than PostgreSQL can count in microseconds (~292,000 years)"
+            ),
+        });
+    }
+    Ok(d)
+}
+
+/// A retention duration: positive and at most [`MAX_RETENTION`].
+fn retention_duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let d = positive(key, text)?;
+    if d > MAX_RETENTION {
+        return Err(ConfigError::Invalid {
+            key,
+            reason: format!(
+                "{text:?} is longer than {}: now() plus or minus it must stay inside \
+                 PostgreSQL's timestamps (4713 BC to 294276 AD)",
+                humantime::format_duration(MAX_RETENTION)
+            ),
+        });
+    }
+    Ok(d)
 }
 
 /// A duration PostgreSQL will take as a timeout: at least 1 ms (0 would mean "wait forever").
@@ -577,6 +623,17 @@ fn in_range<T: TryFrom<i64>>(
     })
 }
 
+fn on_locked(text: &str) -> Result<OnLocked, ConfigError> {
+    match text {
+        "wait" => Ok(OnLocked::Wait),
+        "skip" => Ok(OnLocked::Skip),
+        _ => Err(ConfigError::Invalid {
+            key: "cleanup.on_locked",
+            reason: format!("{text:?} is neither \"wait\" nor \"skip\""),
+        }),
+    }
+}
+
 fn socket_addr(key: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
     text.parse().map_err(|_| ConfigError::Invalid {
         key,
@@ -624,11 +681,14 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
 
     let purge = retention.purge_tombstones_after.trim();
     let retention = RetentionConfig {
-        replay_window: positive("retention.replay_window", &retention.replay_window)?,
+        replay_window: retention_duration("retention.replay_window", &retention.replay_window)?,
         purge_tombstones_after: if purge.eq_ignore_ascii_case("off") {
             None
         } else {
-            Some(positive("retention.purge_tombstones_after", purge)?)
+            Some(retention_duration(
+                "retention.purge_tombstones_after",
+                purge,
+            )?)
         },
     };
 
@@ -641,7 +701,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         batch_size: in_range("cleanup.batch_size", cleanup.batch_size, 1, 100_000)?,
         lock_timeout: timeout("cleanup.lock_timeout", &cleanup.lock_timeout)?,
         statement_timeout: timeout("cleanup.statement_timeout", &cleanup.statement_timeout)?,
-        on_locked: cleanup.on_locked,
+        on_locked: on_locked(&cleanup.on_locked)?,
         max_run_time: positive("cleanup.max_run_time", &cleanup.max_run_time)?,
         pause_between_batches: duration(
             "cleanup.pause_between_batches",
@@ -890,6 +950,98 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("expected an integer"), "{e}");
+    }
+
+    #[test]
+    fn durations_postgresql_cannot_hold_are_refused_naming_the_key() {
+        for (text, key) in [
+            (
+                "[retention]\nreplay_window = \"300000years\"\n",
+                "retention.replay_window",
+            ),
+            (
+                "[retention]\nreplay_window = \"5001years\"\n",
+                "retention.replay_window",
+            ),
+            (
+                "[retention]\npurge_tombstones_after = \"7000years\"\n",
+                "retention.purge_tombstones_after",
+            ),
+            (
+                "[cleanup]\nmax_run_time = \"300000years\"\n",
+                "cleanup.max_run_time",
+            ),
+            (
+                "[cleanup]\npause_between_batches = \"300000years\"\n",
+                "cleanup.pause_between_batches",
+            ),
+            (
+                "[database]\nconnect_timeout = \"300000years\"\n",
+                "database.connect_timeout",
+            ),
+        ] {
+            let f = file(text);
+            match Config::load_from(Some(f.path()), env(&[]), &[]) {
+                Err(e @ ConfigError::Invalid { .. }) => {
+                    assert!(e.to_string().contains(key), "{text:?}: {e}")
+                }
+                other => panic!("{text:?}: {other:?}"),
+            }
+        }
+        // The longest accepted retention, in both keys at once.
+        let f = file(
+            "[retention]\nreplay_window = \"5000years\"\npurge_tombstones_after = \"5000years\"\n",
+        );
+        let c = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap();
+        assert_eq!(c.retention.replay_window, MAX_RETENTION);
+        assert_eq!(c.retention.purge_tombstones_after, Some(MAX_RETENTION));
+        // ... and what it means: now() + 5000 years (the deadline PostgreSQL computes) and
+        // now() - 5000 years (the purge bound) are inside PostgreSQL's and chrono's range.
+        let window = chrono::TimeDelta::from_std(MAX_RETENTION).unwrap();
+        let now = chrono::Utc::now();
+        use chrono::Datelike as _;
+        // PostgreSQL: 4713 BC (year -4712 in chrono's astronomical numbering) to 294276 AD;
+        // chrono: up to 262143 AD.
+        assert!((now + window).year() < 262_143);
+        assert!((now - window).year() > -4712);
+    }
+
+    #[test]
+    fn parse_errors_never_quote_the_line_or_the_value() {
+        let secret = "s3cret-Pa55";
+        let texts = [
+            // An unterminated string on the url line.
+            format!("[database]\nurl = \"postgresql://u:{secret}@db/app\npool_size = 4\n"),
+            // No quotes at all.
+            format!("[database]\nurl = postgresql://u:{secret}@db/app\n"),
+            // A bad escape inside the password.
+            format!("[database]\nurl = \"postgresql://u:{secret}\\q@db/app\"\n"),
+            // The wrong type for a key.
+            format!("[database]\npool_size = \"{secret}\"\n"),
+            format!("[database]\nurl = [\"{secret}\"]\n"),
+            format!("[cleanup]\non_locked = {{ x = \"{secret}\" }}\n"),
+        ];
+        for text in &texts {
+            let f = file(text);
+            let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+            let shown = format!("{e} / {e:?}");
+            assert!(!shown.contains(secret), "{text:?}: {shown}");
+            assert!(matches!(e, ConfigError::Parse { .. }), "{text:?}: {shown}");
+            assert!(shown.contains("line 2, column"), "{text:?}: {shown}");
+        }
+        let f = file(&texts[0]);
+        let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("line 2, column 41, key `database.url`: invalid basic string"),
+            "{e}"
+        );
+        // A mistake from the environment names the variable, not its value.
+        for var in ["TOMBSTONED_DATABASE__POOL_SIZE", "TOMBSTONED_API__ENABLED"] {
+            let e = Config::load_from(None, env(&[(var, secret)]), &[]).unwrap_err();
+            assert!(e.to_string().contains(var), "{e}");
+            assert!(!format!("{e} {e:?}").contains(secret), "{e}");
+        }
     }
 
     #[test]

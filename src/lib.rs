@@ -20,6 +20,7 @@
 //! * [`readiness`] — is the database reachable and the schema current (`/readyz`, watchdog);
 //! * [`ops_server`] — the metrics and health listener (`/metrics`, `/healthz`, `/readyz`);
 //! * [`systemd`] — sd_notify readiness, status and the watchdog;
+//! * [`toml_diagnostic`] — TOML errors told by line, column and key, never by the secret text;
 //! * [`cli`] — the command line and its exit codes;
 //! * [`claim`] — the claim/replay transaction and its [`claim::ClaimOutcome`];
 //! * [`http`] — the HTTP API around it; [`auth`] — bearer tokens; [`order_request`] — request
@@ -48,3 +49,4 @@ pub mod readiness;
 pub mod schedule;
 pub mod scheduler;
 pub mod systemd;
+pub mod toml_diagnostic;

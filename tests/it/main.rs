@@ -10,6 +10,7 @@ mod api_support;
 mod bench_scripts;
 mod cleanup;
 mod cleanup_support;
+mod config_hostile;
 mod daemon;
 mod daemon_support;
 mod demo;
