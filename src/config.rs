@@ -158,6 +158,12 @@ pub struct ApiConfig {
     pub rate_limit_burst: u32,
     /// The bearer-token file, resolved against the configuration file's directory.
     pub tokens_file: PathBuf,
+    /// Open connections the API listener keeps at most.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers (and, for a POST, its body).
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open without a request.
+    pub idle_timeout: Duration,
 }
 
 /// `[metrics]`: the Prometheus and health listener.
@@ -165,6 +171,12 @@ pub struct ApiConfig {
 pub struct MetricsConfig {
     /// Address serving `/metrics`, `/healthz` and `/readyz`.
     pub listen: SocketAddr,
+    /// Open connections the metrics listener keeps at most.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open without a request.
+    pub idle_timeout: Duration,
 }
 
 /// A database connection string that never prints its password.
@@ -344,6 +356,9 @@ struct RawApi {
     rate_limit_per_second: i64,
     rate_limit_burst: i64,
     tokens_file: String,
+    max_connections: i64,
+    header_read_timeout: String,
+    idle_timeout: String,
 }
 
 impl Default for RawApi {
@@ -358,6 +373,9 @@ impl Default for RawApi {
             rate_limit_per_second: 50,
             rate_limit_burst: 100,
             tokens_file: "tokens.toml".into(),
+            max_connections: 1024,
+            header_read_timeout: "10s".into(),
+            idle_timeout: "60s".into(),
         }
     }
 }
@@ -366,12 +384,18 @@ impl Default for RawApi {
 #[serde(default, deny_unknown_fields)]
 struct RawMetrics {
     listen: String,
+    max_connections: i64,
+    header_read_timeout: String,
+    idle_timeout: String,
 }
 
 impl Default for RawMetrics {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9187".into(),
+            max_connections: 64,
+            header_read_timeout: "10s".into(),
+            idle_timeout: "60s".into(),
         }
     }
 }
@@ -761,10 +785,21 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         )?,
         rate_limit_burst: in_range("api.rate_limit_burst", api.rate_limit_burst, 1, 1_000_000)?,
         tokens_file: base_dir.join(&api.tokens_file),
+        max_connections: in_range("api.max_connections", api.max_connections, 1, 1_000_000)?,
+        header_read_timeout: timeout("api.header_read_timeout", &api.header_read_timeout)?,
+        idle_timeout: timeout("api.idle_timeout", &api.idle_timeout)?,
     };
 
     let metrics = MetricsConfig {
         listen: socket_addr("metrics.listen", &metrics.listen)?,
+        max_connections: in_range(
+            "metrics.max_connections",
+            metrics.max_connections,
+            1,
+            1_000_000,
+        )?,
+        header_read_timeout: timeout("metrics.header_read_timeout", &metrics.header_read_timeout)?,
+        idle_timeout: timeout("metrics.idle_timeout", &metrics.idle_timeout)?,
     };
     if api.enabled && api.listen == metrics.listen {
         return Err(ConfigError::Invalid {
@@ -819,6 +854,23 @@ mod tests {
             path.parent().unwrap().join("tokens.toml")
         );
         assert_eq!(c.api.default_currency, "CNY");
+        assert_eq!(c.metrics, d.metrics);
+        assert_eq!(
+            (
+                c.api.max_connections,
+                c.api.header_read_timeout,
+                c.api.idle_timeout
+            ),
+            (1024, Duration::from_secs(10), Duration::from_secs(60))
+        );
+        assert_eq!(
+            (
+                d.api.max_connections,
+                d.api.header_read_timeout,
+                d.api.idle_timeout
+            ),
+            (1024, Duration::from_secs(10), Duration::from_secs(60))
+        );
     }
 
     #[test]
@@ -936,6 +988,12 @@ mod tests {
                 "api.default_api_version",
             ),
             ("[api]\nlisten = \"localhost\"\n", "api.listen"),
+            ("[api]\nmax_connections = 0\n", "api.max_connections"),
+            ("[api]\nidle_timeout = \"0s\"\n", "api.idle_timeout"),
+            (
+                "[metrics]\nheader_read_timeout = \"0s\"\n",
+                "metrics.header_read_timeout",
+            ),
             ("[cleanup]\nbatch_size = \"ten\"\n", "batch_size"),
         ];
         for (text, needle) in cases {

@@ -18,8 +18,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::Exit;
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
+use crate::connections::ConnectionLimits;
 use crate::db::{self, migrations};
+use crate::fd_budget::{self, FdPlan};
 use crate::http::{self, ApiState};
 use crate::metrics::Metrics;
 use crate::ops_server::{self, OpsState};
@@ -64,6 +66,8 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         }
     }
 
+    let fds = file_descriptor_budget(&config)?;
+
     // Bind both listeners before announcing readiness; a taken port is a configuration error.
     let ops_listener = ops_server::bind(config.metrics.listen).await?;
     let api = if config.api.enabled {
@@ -83,7 +87,13 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     let stop_work = CancellationToken::new(); // API and scheduler
     let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
     let readiness = Arc::new(ReadinessProbe::new(config.database.clone()));
-    let mut ops_state = OpsState::new(metrics.clone(), readiness.clone());
+    let mut ops_state =
+        OpsState::new(metrics.clone(), readiness.clone()).with_limits(ConnectionLimits {
+            max_connections: fds.metrics_connections,
+            header_read_timeout: config.metrics.header_read_timeout,
+            idle_timeout: config.metrics.idle_timeout,
+            drain_timeout: ops_server::REQUEST_DRAIN,
+        });
     if let Some((state, _)) = &api {
         ops_state = ops_state.with_pool(state.pool().clone());
     }
@@ -94,8 +104,18 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     ));
 
     let api_state = api.as_ref().map(|(state, _)| state.clone());
-    let api_task: Option<JoinHandle<Result<(), http::ApiError>>> =
-        api.map(|(state, listener)| tokio::spawn(http::serve(listener, state, stop_work.clone())));
+    let api_task: Option<JoinHandle<Result<(), http::ApiError>>> = api.map(|(state, listener)| {
+        let limits = ConnectionLimits {
+            max_connections: fds.api_connections,
+            ..state.connection_limits()
+        };
+        tokio::spawn(http::serve_with_limits(
+            listener,
+            state,
+            limits,
+            stop_work.clone(),
+        ))
+    });
 
     let (config_tx, config_rx) = watch::channel(Arc::new(config.clone()));
     let scheduler = Scheduler::new(config.database.clone(), config_rx, metrics.clone());
@@ -192,6 +212,46 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     }
     tracing::info!("tombstoned stopped");
     Ok(Exit::Success)
+}
+
+/// Fits both listeners' connection caps into `RLIMIT_NOFILE` next to the pool and a reserve
+/// ([`fd_budget`]), and says what it chose.
+fn file_descriptor_budget(config: &Config) -> Result<FdPlan, ConfigError> {
+    let api_wanted = if config.api.enabled {
+        config.api.max_connections
+    } else {
+        0
+    };
+    let metrics_wanted = config.metrics.max_connections;
+    let plan =
+        fd_budget::apply(api_wanted, metrics_wanted, config.database.pool_size).map_err(|e| {
+            ConfigError::Invalid {
+                key: "api.max_connections",
+                reason: e.to_string(),
+            }
+        })?;
+    if plan.lowered(api_wanted, metrics_wanted) {
+        tracing::warn!(
+            nofile = plan.limit,
+            api_max_connections = plan.api_connections,
+            metrics_max_connections = plan.metrics_connections,
+            configured_api = api_wanted,
+            configured_metrics = metrics_wanted,
+            reserved = plan.reserved,
+            "the connection caps do not fit RLIMIT_NOFILE next to the database pool: lowered \
+             (raise LimitNOFILE= to keep the configured ones)"
+        );
+    } else {
+        tracing::info!(
+            nofile = plan.limit,
+            raised_from = ?plan.raised_from,
+            api_max_connections = plan.api_connections,
+            metrics_max_connections = plan.metrics_connections,
+            reserved = plan.reserved,
+            "file descriptor budget"
+        );
+    }
+    Ok(plan)
 }
 
 /// A listener could not be bound: a configuration problem (exit status 64).
@@ -480,6 +540,36 @@ fn reload(
     if new.metrics.listen != current.metrics.listen {
         needs_restart.push("metrics.listen");
     }
+    for (changed, key) in [
+        (
+            new.api.max_connections != current.api.max_connections,
+            "api.max_connections",
+        ),
+        (
+            new.api.header_read_timeout != current.api.header_read_timeout,
+            "api.header_read_timeout",
+        ),
+        (
+            new.api.idle_timeout != current.api.idle_timeout,
+            "api.idle_timeout",
+        ),
+        (
+            new.metrics.max_connections != current.metrics.max_connections,
+            "metrics.max_connections",
+        ),
+        (
+            new.metrics.header_read_timeout != current.metrics.header_read_timeout,
+            "metrics.header_read_timeout",
+        ),
+        (
+            new.metrics.idle_timeout != current.metrics.idle_timeout,
+            "metrics.idle_timeout",
+        ),
+    ] {
+        if changed {
+            needs_restart.push(key);
+        }
+    }
     if !needs_restart.is_empty() {
         tracing::warn!(
             keys = %needs_restart.join(", "),
@@ -491,6 +581,9 @@ fn reload(
     applied.database = current.database.clone();
     applied.api.enabled = current.api.enabled;
     applied.api.listen = current.api.listen;
+    applied.api.max_connections = current.api.max_connections;
+    applied.api.header_read_timeout = current.api.header_read_timeout;
+    applied.api.idle_timeout = current.api.idle_timeout;
     applied.metrics = current.metrics.clone();
     let applied = Arc::new(applied);
     if let Some(api) = api {

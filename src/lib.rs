@@ -11,6 +11,8 @@
 //! Modules, one concept each:
 //!
 //! * [`config`] — the TOML configuration, environment overrides and validation into typed values;
+//! * [`connections`] — the HTTP server loop of both listeners: connection cap, header-read and
+//!   idle timeouts, bounded shutdown; [`fd_budget`] — fitting the caps into `RLIMIT_NOFILE`;
 //! * [`schedule`] — crontab(5) schedules and their fire times;
 //! * [`cleanup`] — one cleanup run (batched, key-ordered tombstoning, purge), the dry run and the
 //!   single-runner lease;
@@ -34,9 +36,11 @@ pub mod claim;
 pub mod cleanup;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod daemon;
 pub mod db;
 pub mod demo;
+pub mod fd_budget;
 pub mod fingerprint;
 pub mod http;
 pub mod lookup;
