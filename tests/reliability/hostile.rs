@@ -165,13 +165,31 @@ async fn idle_and_half_sent_connections_are_closed_by_their_timeouts() {
     assert!(first[..n].starts_with(b"HTTP/1.1 200"));
     let kept = vec![(kept, Instant::now())];
 
-    // The listeners keep serving meanwhile.
+    // The listeners keep serving meanwhile, HTTP/1.1 and h2c (prior knowledge) as before.
     let readyz = client(Duration::from_secs(5))
         .get(format!("{}/readyz", daemon.ops))
         .send()
         .await
         .unwrap();
     assert_eq!(readyz.status(), 200);
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let r = h2
+        .post(format!("{}/v1/orders", daemon.api))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", "h2c-1")
+        .header("content-type", "application/json")
+        .body(order("h2c-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.version(), r.status().as_u16()),
+        (reqwest::Version::HTTP_2, 201)
+    );
 
     let (idle_times, half_times, kept_times) = tokio::join!(
         close_times(idle, IDLE + MARGIN),
