@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use crate::money::{self, Currency};
+use crate::toml_diagnostic::{self, Stage};
 
 /// Longest tenant or principal name accepted in the tokens file.
 pub const MAX_NAME_CHARS: usize = 255;
@@ -127,7 +128,8 @@ pub enum TokensError {
     Parse {
         /// The file.
         path: PathBuf,
-        /// The parser's message (names the key and line).
+        /// Where (line, column, key) and what kind of mistake; never the line's text or a value
+        /// ([`crate::toml_diagnostic`]).
         message: String,
     },
     /// An entry's value is not acceptable.
@@ -193,10 +195,16 @@ impl TokenSet {
 
     /// Validates the text of a tokens file (`path` only names it in errors).
     pub fn parse(text: &str, path: &Path) -> Result<Self, TokensError> {
-        let raw: RawFile = toml::from_str(text).map_err(|e| TokensError::Parse {
+        // Syntax first, then types, each described by line, column and key only: a misplaced
+        // line may hold a bearer token in clear.
+        let parse_error = |problem: toml_diagnostic::TomlProblem| TokensError::Parse {
             path: path.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
-        })?;
+            message: problem.to_string(),
+        };
+        text.parse::<toml::Table>()
+            .map_err(|e| parse_error(toml_diagnostic::describe(&e, Some(text), Stage::Syntax)))?;
+        let raw: RawFile = toml::from_str(text)
+            .map_err(|e| parse_error(toml_diagnostic::describe(&e, Some(text), Stage::Types)))?;
         let mut set = TokenSet::default();
         for (i, t) in raw.token.into_iter().enumerate() {
             let invalid = |reason: String| TokensError::Invalid {
@@ -390,6 +398,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tenant must be"), "{e}");
+    }
+
+    #[test]
+    fn parse_errors_never_quote_a_token() {
+        let token = "raw-bearer-t0ken-abc";
+        let valid = entry("x", "");
+        for (text, line) in [
+            // The raw token pasted as a top-level key, or in place of the digest's quotes.
+            (format!("token = \"{token}\"\n"), 1),
+            (format!("{valid}token = \"{token}\"\n"), 6),
+            (format!("[[token]]\nsha256 = {token}\n"), 2),
+            (
+                format!("[[token]]\nsha256 = \"{token}\ntenant = \"a\"\n"),
+                2,
+            ),
+            (format!("[[token]]\nsha256 = [\"{token}\"]\n"), 2),
+            (format!("{token}\n"), 1),
+        ] {
+            let e = set(&text).unwrap_err();
+            let shown = format!("{e} / {e:?}");
+            assert!(!shown.contains(token), "{text:?}: {shown}");
+            assert!(
+                shown.contains(&format!("line {line}, column")),
+                "{text:?}: {shown}"
+            );
+        }
+        assert_eq!(
+            set(&format!("token = \"{token}\"\n"))
+                .unwrap_err()
+                .to_string(),
+            "invalid tokens file tokens.toml: line 1, column 9, key `token`: wrong type: found \
+             string, expected a sequence"
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::db::conninfo::ConnInfo;
 use crate::db::credentials;
 use crate::schedule::Schedule;
+use crate::toml_diagnostic::{describe, Stage};
 
 /// API semantic versions this build understands; the first is the newest.
 pub const SUPPORTED_API_VERSIONS: &[&str] = &["2026-12-01"];
@@ -37,7 +38,8 @@ pub enum ConfigError {
     Parse {
         /// The file, or "the environment and defaults" when there is no file.
         origin: String,
-        /// The TOML parser's message (it names the key and the line).
+        /// Where (line, column, key) and what kind of mistake; never the line's text or a value,
+        /// which may be the database password ([`crate::toml_diagnostic`]).
         message: String,
     },
     /// A `TOMBSTONED_<SECTION>__<KEY>` variable names no configuration key.
@@ -48,15 +50,14 @@ pub enum ConfigError {
         /// The key it maps to.
         key: String,
     },
-    /// An environment value does not have the type of its key.
-    #[error("environment variable {var}: expected {expected}, got {value:?}")]
+    /// An environment value does not have the type of its key (the value is not repeated: it
+    /// may be a secret set in the wrong variable).
+    #[error("environment variable {var}: expected {expected}")]
     BadEnvValue {
         /// The environment variable.
         var: String,
         /// What the key takes.
         expected: &'static str,
-        /// What was found.
-        value: String,
     },
     /// A value parsed but is not acceptable.
     #[error("invalid value for `{key}`: {reason}")]
@@ -161,6 +162,12 @@ pub struct ApiConfig {
     pub rate_limit_burst: u32,
     /// The bearer-token file, resolved against the configuration file's directory.
     pub tokens_file: PathBuf,
+    /// Open connections the API listener keeps at most.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers (and, for a POST, its body).
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open without a request.
+    pub idle_timeout: Duration,
 }
 
 /// `[metrics]`: the Prometheus and health listener.
@@ -168,6 +175,12 @@ pub struct ApiConfig {
 pub struct MetricsConfig {
     /// Address serving `/metrics`, `/healthz` and `/readyz`.
     pub listen: SocketAddr,
+    /// Open connections the metrics listener keeps at most.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// How long a connection may stay open without a request.
+    pub idle_timeout: Duration,
 }
 
 /// A database connection string that never prints its password.
@@ -301,7 +314,8 @@ struct RawCleanup {
     batch_size: i64,
     lock_timeout: String,
     statement_timeout: String,
-    on_locked: OnLocked,
+    // A string, validated below: a parse error would not be allowed to quote the value.
+    on_locked: String,
     max_run_time: String,
     pause_between_batches: String,
 }
@@ -314,7 +328,7 @@ impl Default for RawCleanup {
             batch_size: 1000,
             lock_timeout: "5s".into(),
             statement_timeout: "30s".into(),
-            on_locked: OnLocked::Wait,
+            on_locked: "wait".into(),
             max_run_time: "4m".into(),
             pause_between_batches: "0s".into(),
         }
@@ -333,6 +347,9 @@ struct RawApi {
     rate_limit_per_second: i64,
     rate_limit_burst: i64,
     tokens_file: String,
+    max_connections: i64,
+    header_read_timeout: String,
+    idle_timeout: String,
 }
 
 impl Default for RawApi {
@@ -347,6 +364,9 @@ impl Default for RawApi {
             rate_limit_per_second: 50,
             rate_limit_burst: 100,
             tokens_file: "tokens.toml".into(),
+            max_connections: 1024,
+            header_read_timeout: "10s".into(),
+            idle_timeout: "60s".into(),
         }
     }
 }
@@ -355,12 +375,18 @@ impl Default for RawApi {
 #[serde(default, deny_unknown_fields)]
 struct RawMetrics {
     listen: String,
+    max_connections: i64,
+    header_read_timeout: String,
+    idle_timeout: String,
 }
 
 impl Default for RawMetrics {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9187".into(),
+            max_connections: 64,
+            header_read_timeout: "10s".into(),
+            idle_timeout: "60s".into(),
         }
     }
 }
@@ -379,7 +405,7 @@ impl Config {
         env: impl IntoIterator<Item = (String, String)>,
         overrides: &[Override],
     ) -> Result<Self, ConfigError> {
-        let (mut table, origin) = match path {
+        let (mut table, origin, text) = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.to_owned(),
@@ -389,13 +415,14 @@ impl Config {
                     text.parse()
                         .map_err(|e: toml::de::Error| ConfigError::Parse {
                             origin: path.display().to_string(),
-                            message: e.to_string(),
+                            message: describe(&e, Some(&text), Stage::Syntax).to_string(),
                         })?;
-                (table, path.display().to_string())
+                (table, path.display().to_string(), Some(text))
             }
             None => (
                 toml::Table::new(),
                 "the environment and defaults".to_owned(),
+                None,
             ),
         };
         apply_env(&mut table, env)?;
@@ -405,9 +432,20 @@ impl Config {
         let raw: RawConfig =
             toml::Value::Table(table)
                 .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    origin,
-                    message: e.to_string().trim_end().to_owned(),
+                .map_err(|e: toml::de::Error| {
+                    // Read the file alone again for the line and column when the mistake is in
+                    // it; otherwise it came from the environment or a flag: the key says which.
+                    let problem = text
+                        .as_deref()
+                        .and_then(|text| {
+                            let e = toml::from_str::<RawConfig>(text).err()?;
+                            Some(describe(&e, Some(text), Stage::Types))
+                        })
+                        .unwrap_or_else(|| describe(&e, None, Stage::Types));
+                    ConfigError::Parse {
+                        origin,
+                        message: problem.to_string(),
+                    }
                 })?;
         let base_dir = path
             .and_then(Path::parent)
@@ -438,7 +476,31 @@ impl Config {
             ),
             ("api.enabled", old.api.enabled != new.api.enabled),
             ("api.listen", old.api.listen != new.api.listen),
+            (
+                "api.max_connections",
+                old.api.max_connections != new.api.max_connections,
+            ),
+            (
+                "api.header_read_timeout",
+                old.api.header_read_timeout != new.api.header_read_timeout,
+            ),
+            (
+                "api.idle_timeout",
+                old.api.idle_timeout != new.api.idle_timeout,
+            ),
             ("metrics.listen", old.metrics.listen != new.metrics.listen),
+            (
+                "metrics.max_connections",
+                old.metrics.max_connections != new.metrics.max_connections,
+            ),
+            (
+                "metrics.header_read_timeout",
+                old.metrics.header_read_timeout != new.metrics.header_read_timeout,
+            ),
+            (
+                "metrics.idle_timeout",
+                old.metrics.idle_timeout != new.metrics.idle_timeout,
+            ),
         ]
         .into_iter()
         .filter_map(|(key, changed)| changed.then_some(key))
@@ -453,6 +515,9 @@ impl Config {
             api: ApiConfig {
                 enabled: self.api.enabled,
                 listen: self.api.listen,
+                max_connections: self.api.max_connections,
+                header_read_timeout: self.api.header_read_timeout,
+                idle_timeout: self.api.idle_timeout,
                 ..new.api
             },
             metrics: self.metrics.clone(),
@@ -524,7 +589,6 @@ fn apply_env(
                     ConfigError::BadEnvValue {
                         var: var.clone(),
                         expected: "an integer",
-                        value: value.clone(),
                     }
                 })?)
             }
@@ -535,7 +599,6 @@ fn apply_env(
                     return Err(ConfigError::BadEnvValue {
                         var,
                         expected: "true or false",
-                        value,
                     })
                 }
             },
@@ -556,11 +619,45 @@ fn apply_env(
 
 // ---- validation ----------------------------------------------------------------------------
 
+/// The longest `retention.replay_window` and `retention.purge_tombstones_after`: 5,000 years.
+/// A replay deadline is `now()` plus the window and a purge bound `now()` minus the delay; both
+/// must stay inside PostgreSQL's timestamps (4713 BC to 294276 AD; beyond, every claim fails with
+/// 22008) and chrono's (up to 262143 AD, for reading them back). 5,000 years keeps both
+/// directions inside until the year 6700, without a check that depends on today's date.
+pub const MAX_RETENTION: Duration = Duration::from_secs(5_000 * 31_557_600);
+
+/// Every duration setting: humantime syntax, and countable in microseconds by PostgreSQL (a
+/// bigint, or an interval's microsecond field), which caps any duration at ~292,000 years.
 fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(text.trim()).map_err(|e| ConfigError::Invalid {
+    let d = humantime::parse_duration(text.trim()).map_err(|e| ConfigError::Invalid {
         key,
         reason: format!("{text:?} is not a duration ({e}); write e.g. \"250ms\", \"5s\", \"24h\""),
-    })
+    })?;
+    if i64::try_from(d.as_micros()).is_err() {
+        return Err(ConfigError::Invalid {
+            key,
+            reason: format!(
+                "{text:?} is longer than PostgreSQL can count in microseconds (~292,000 years)"
+            ),
+        });
+    }
+    Ok(d)
+}
+
+/// A retention duration: positive and at most [`MAX_RETENTION`].
+fn retention_duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let d = positive(key, text)?;
+    if d > MAX_RETENTION {
+        return Err(ConfigError::Invalid {
+            key,
+            reason: format!(
+                "{text:?} is longer than {}: now() plus or minus it must stay inside \
+                 PostgreSQL's timestamps (4713 BC to 294276 AD)",
+                humantime::format_duration(MAX_RETENTION)
+            ),
+        });
+    }
+    Ok(d)
 }
 
 /// A duration PostgreSQL will take as a timeout: at least 1 ms (0 would mean "wait forever").
@@ -608,6 +705,17 @@ fn in_range<T: TryFrom<i64>>(
         key,
         reason: format!("{v} does not fit"),
     })
+}
+
+fn on_locked(text: &str) -> Result<OnLocked, ConfigError> {
+    match text {
+        "wait" => Ok(OnLocked::Wait),
+        "skip" => Ok(OnLocked::Skip),
+        _ => Err(ConfigError::Invalid {
+            key: "cleanup.on_locked",
+            reason: format!("{text:?} is neither \"wait\" nor \"skip\""),
+        }),
+    }
 }
 
 fn socket_addr(key: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
@@ -695,11 +803,14 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
 
     let purge = retention.purge_tombstones_after.trim();
     let retention = RetentionConfig {
-        replay_window: positive("retention.replay_window", &retention.replay_window)?,
+        replay_window: retention_duration("retention.replay_window", &retention.replay_window)?,
         purge_tombstones_after: if purge.eq_ignore_ascii_case("off") {
             None
         } else {
-            Some(positive("retention.purge_tombstones_after", purge)?)
+            Some(retention_duration(
+                "retention.purge_tombstones_after",
+                purge,
+            )?)
         },
     };
 
@@ -712,7 +823,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         batch_size: in_range("cleanup.batch_size", cleanup.batch_size, 1, 100_000)?,
         lock_timeout: timeout("cleanup.lock_timeout", &cleanup.lock_timeout)?,
         statement_timeout: timeout("cleanup.statement_timeout", &cleanup.statement_timeout)?,
-        on_locked: cleanup.on_locked,
+        on_locked: on_locked(&cleanup.on_locked)?,
         max_run_time: positive("cleanup.max_run_time", &cleanup.max_run_time)?,
         pause_between_batches: duration(
             "cleanup.pause_between_batches",
@@ -772,10 +883,21 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         )?,
         rate_limit_burst: in_range("api.rate_limit_burst", api.rate_limit_burst, 1, 1_000_000)?,
         tokens_file: base_dir.join(&api.tokens_file),
+        max_connections: in_range("api.max_connections", api.max_connections, 1, 1_000_000)?,
+        header_read_timeout: timeout("api.header_read_timeout", &api.header_read_timeout)?,
+        idle_timeout: timeout("api.idle_timeout", &api.idle_timeout)?,
     };
 
     let metrics = MetricsConfig {
         listen: socket_addr("metrics.listen", &metrics.listen)?,
+        max_connections: in_range(
+            "metrics.max_connections",
+            metrics.max_connections,
+            1,
+            1_000_000,
+        )?,
+        header_read_timeout: timeout("metrics.header_read_timeout", &metrics.header_read_timeout)?,
+        idle_timeout: timeout("metrics.idle_timeout", &metrics.idle_timeout)?,
     };
     if api.enabled && api.listen == metrics.listen {
         return Err(ConfigError::Invalid {
@@ -830,6 +952,23 @@ mod tests {
             path.parent().unwrap().join("tokens.toml")
         );
         assert_eq!(c.api.default_currency, "CNY");
+        assert_eq!(c.metrics, d.metrics);
+        assert_eq!(
+            (
+                c.api.max_connections,
+                c.api.header_read_timeout,
+                c.api.idle_timeout
+            ),
+            (1024, Duration::from_secs(10), Duration::from_secs(60))
+        );
+        assert_eq!(
+            (
+                d.api.max_connections,
+                d.api.header_read_timeout,
+                d.api.idle_timeout
+            ),
+            (1024, Duration::from_secs(10), Duration::from_secs(60))
+        );
     }
 
     #[test]
@@ -947,6 +1086,12 @@ mod tests {
                 "api.default_api_version",
             ),
             ("[api]\nlisten = \"localhost\"\n", "api.listen"),
+            ("[api]\nmax_connections = 0\n", "api.max_connections"),
+            ("[api]\nidle_timeout = \"0s\"\n", "api.idle_timeout"),
+            (
+                "[metrics]\nheader_read_timeout = \"0s\"\n",
+                "metrics.header_read_timeout",
+            ),
             ("[cleanup]\nbatch_size = \"ten\"\n", "batch_size"),
         ];
         for (text, needle) in cases {
@@ -1010,6 +1155,98 @@ mod tests {
         assert_eq!(applied.cleanup.batch_size, 7);
         assert_eq!(applied.retention.replay_window, Duration::from_secs(3600));
         assert_eq!(applied.api.claim_lock_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn durations_postgresql_cannot_hold_are_refused_naming_the_key() {
+        for (text, key) in [
+            (
+                "[retention]\nreplay_window = \"300000years\"\n",
+                "retention.replay_window",
+            ),
+            (
+                "[retention]\nreplay_window = \"5001years\"\n",
+                "retention.replay_window",
+            ),
+            (
+                "[retention]\npurge_tombstones_after = \"7000years\"\n",
+                "retention.purge_tombstones_after",
+            ),
+            (
+                "[cleanup]\nmax_run_time = \"300000years\"\n",
+                "cleanup.max_run_time",
+            ),
+            (
+                "[cleanup]\npause_between_batches = \"300000years\"\n",
+                "cleanup.pause_between_batches",
+            ),
+            (
+                "[database]\nconnect_timeout = \"300000years\"\n",
+                "database.connect_timeout",
+            ),
+        ] {
+            let f = file(text);
+            match Config::load_from(Some(f.path()), env(&[]), &[]) {
+                Err(e @ ConfigError::Invalid { .. }) => {
+                    assert!(e.to_string().contains(key), "{text:?}: {e}")
+                }
+                other => panic!("{text:?}: {other:?}"),
+            }
+        }
+        // The longest accepted retention, in both keys at once.
+        let f = file(
+            "[retention]\nreplay_window = \"5000years\"\npurge_tombstones_after = \"5000years\"\n",
+        );
+        let c = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap();
+        assert_eq!(c.retention.replay_window, MAX_RETENTION);
+        assert_eq!(c.retention.purge_tombstones_after, Some(MAX_RETENTION));
+        // ... and what it means: now() + 5000 years (the deadline PostgreSQL computes) and
+        // now() - 5000 years (the purge bound) are inside PostgreSQL's and chrono's range.
+        let window = chrono::TimeDelta::from_std(MAX_RETENTION).unwrap();
+        let now = chrono::Utc::now();
+        use chrono::Datelike as _;
+        // PostgreSQL: 4713 BC (year -4712 in chrono's astronomical numbering) to 294276 AD;
+        // chrono: up to 262143 AD.
+        assert!((now + window).year() < 262_143);
+        assert!((now - window).year() > -4712);
+    }
+
+    #[test]
+    fn parse_errors_never_quote_the_line_or_the_value() {
+        let secret = "s3cret-Pa55";
+        let texts = [
+            // An unterminated string on the url line.
+            format!("[database]\nurl = \"postgresql://u:{secret}@db/app\npool_size = 4\n"),
+            // No quotes at all.
+            format!("[database]\nurl = postgresql://u:{secret}@db/app\n"),
+            // A bad escape inside the password.
+            format!("[database]\nurl = \"postgresql://u:{secret}\\q@db/app\"\n"),
+            // The wrong type for a key.
+            format!("[database]\npool_size = \"{secret}\"\n"),
+            format!("[database]\nurl = [\"{secret}\"]\n"),
+            format!("[cleanup]\non_locked = {{ x = \"{secret}\" }}\n"),
+        ];
+        for text in &texts {
+            let f = file(text);
+            let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+            let shown = format!("{e} / {e:?}");
+            assert!(!shown.contains(secret), "{text:?}: {shown}");
+            assert!(matches!(e, ConfigError::Parse { .. }), "{text:?}: {shown}");
+            assert!(shown.contains("line 2, column"), "{text:?}: {shown}");
+        }
+        let f = file(&texts[0]);
+        let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("line 2, column 41, key `database.url`: invalid basic string"),
+            "{e}"
+        );
+        // A mistake from the environment names the variable, not its value.
+        for var in ["TOMBSTONED_DATABASE__POOL_SIZE", "TOMBSTONED_API__ENABLED"] {
+            let e = Config::load_from(None, env(&[(var, secret)]), &[]).unwrap_err();
+            assert!(e.to_string().contains(var), "{e}");
+            assert!(!format!("{e} {e:?}").contains(secret), "{e}");
+        }
     }
 
     #[test]

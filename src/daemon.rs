@@ -17,8 +17,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
+use crate::connections::ConnectionLimits;
 use crate::db::{self, migrations};
+use crate::fd_budget::{self, FdPlan};
 use crate::http::{self, ApiState};
 use crate::metrics::Metrics;
 use crate::ops::listener::{self, OpsState};
@@ -48,6 +50,8 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         }
     }
 
+    let fds = file_descriptor_budget(&config)?;
+
     // Bind both listeners before announcing readiness; a taken port is a configuration error.
     let ops_listener = listener::bind(config.metrics.listen).await?;
     let api = if config.api.enabled {
@@ -68,7 +72,13 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
     let readiness = Arc::new(ReadinessProbe::new(config.database.clone()));
     // The API's state reports its pool's connections on /metrics (Metrics::observe_pool).
-    let ops_state = OpsState::new(metrics.clone(), readiness.clone());
+    let ops_state =
+        OpsState::new(metrics.clone(), readiness.clone()).with_limits(ConnectionLimits {
+            max_connections: fds.metrics_connections,
+            header_read_timeout: config.metrics.header_read_timeout,
+            idle_timeout: config.metrics.idle_timeout,
+            drain_timeout: listener::REQUEST_DRAIN,
+        });
     let ops_task = tokio::spawn(listener::serve_metrics(
         ops_listener,
         ops_state,
@@ -76,8 +86,18 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     ));
 
     let api_state = api.as_ref().map(|(state, _)| state.clone());
-    let api_task: Option<JoinHandle<Result<(), http::ApiError>>> =
-        api.map(|(state, listener)| tokio::spawn(http::serve(listener, state, stop_work.clone())));
+    let api_task: Option<JoinHandle<Result<(), http::ApiError>>> = api.map(|(state, listener)| {
+        let limits = ConnectionLimits {
+            max_connections: fds.api_connections,
+            ..state.connection_limits()
+        };
+        tokio::spawn(http::serve_with_limits(
+            listener,
+            state,
+            limits,
+            stop_work.clone(),
+        ))
+    });
 
     let (config_tx, config_rx) = watch::channel(Arc::new(config.clone()));
     let scheduler = Scheduler::new(config.database.clone(), config_rx, metrics.clone());
@@ -165,6 +185,46 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     }
     tracing::info!("tombstoned stopped");
     Ok(())
+}
+
+/// Fits both listeners' connection caps into `RLIMIT_NOFILE` next to the pool and a reserve
+/// ([`fd_budget`]), and says what it chose.
+fn file_descriptor_budget(config: &Config) -> Result<FdPlan, ConfigError> {
+    let api_wanted = if config.api.enabled {
+        config.api.max_connections
+    } else {
+        0
+    };
+    let metrics_wanted = config.metrics.max_connections;
+    let plan =
+        fd_budget::apply(api_wanted, metrics_wanted, config.database.pool_size).map_err(|e| {
+            ConfigError::Invalid {
+                key: "api.max_connections",
+                reason: e.to_string(),
+            }
+        })?;
+    if plan.lowered(api_wanted, metrics_wanted) {
+        tracing::warn!(
+            nofile = plan.limit,
+            api_max_connections = plan.api_connections,
+            metrics_max_connections = plan.metrics_connections,
+            configured_api = api_wanted,
+            configured_metrics = metrics_wanted,
+            reserved = plan.reserved,
+            "the connection caps do not fit RLIMIT_NOFILE next to the database pool: lowered \
+             (raise LimitNOFILE= to keep the configured ones)"
+        );
+    } else {
+        tracing::info!(
+            nofile = plan.limit,
+            raised_from = ?plan.raised_from,
+            api_max_connections = plan.api_connections,
+            metrics_max_connections = plan.metrics_connections,
+            reserved = plan.reserved,
+            "file descriptor budget"
+        );
+    }
+    Ok(plan)
 }
 
 /// A listener could not be bound: a configuration problem (exit status 64).

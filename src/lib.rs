@@ -22,10 +22,13 @@
 //!   transport;
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
 //!   one error text, shared statements, [`db::migrations`]; [`config`] — the configuration
-//!   validated into typed values; [`metrics`] — every Prometheus series;
+//!   validated into typed values; [`metrics`] — every Prometheus series; [`connections`] — the
+//!   HTTP server loop both listeners share (connection cap, header-read and idle timeouts,
+//!   bounded shutdown); [`fd_budget`] — fitting those caps into `RLIMIT_NOFILE`;
 //! * pure core: [`schedule`] — crontab(5) schedules; [`fingerprint`] — the intent's fingerprint;
 //!   [`money`] — currencies and amounts; [`order_request`] — request validation; [`auth`] —
-//!   bearer tokens; [`exit`] — the exit statuses;
+//!   bearer tokens; [`exit`] — the exit statuses; [`toml_diagnostic`] — TOML errors told by
+//!   line, column and key, never by the text;
 //! * to the side: [`demo`] — a scripted client of the real binary; [`pg_cluster`] — throwaway
 //!   PostgreSQL clusters for tests, the demo and benchmarks.
 #![forbid(unsafe_code)]
@@ -36,10 +39,12 @@ pub mod claim;
 pub mod cleanup;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod daemon;
 pub mod db;
 pub mod demo;
 pub mod exit;
+pub mod fd_budget;
 pub mod fingerprint;
 pub mod http;
 pub mod lookup;
@@ -52,3 +57,4 @@ pub mod schedule;
 pub mod scheduler;
 pub mod signals;
 pub mod stdout;
+pub mod toml_diagnostic;

@@ -28,6 +28,17 @@ pub const CLAIM_OUTCOMES: &[&str] = &[
     "invalid",
 ];
 
+/// The two HTTP listeners (`tombstoned_http_connections*{listener}`).
+pub const LISTENERS: &[&str] = &["api", "metrics"];
+/// Why the server closed a connection (`tombstoned_http_connections_closed_total{reason}`).
+pub const CONNECTION_CLOSE_REASONS: &[&str] = &[
+    "idle_timeout",
+    "header_timeout",
+    "evicted",
+    "refused",
+    "shutdown",
+];
+
 /// Every metric handle. Cheap to share behind an `Arc`.
 pub struct Metrics {
     registry: Registry,
@@ -65,6 +76,14 @@ pub struct Metrics {
     pub http_request_duration: HistogramVec,
     /// `tombstoned_claims_total{outcome}` (see [`CLAIM_OUTCOMES`]).
     pub claims: IntCounterVec,
+    /// `tombstoned_http_connections{listener}`: connections open now.
+    pub http_connections: IntGaugeVec,
+    /// `tombstoned_http_connection_limit{listener}`: the cap in force (after the file-descriptor
+    /// budget).
+    pub http_connection_limit: IntGaugeVec,
+    /// `tombstoned_http_connections_closed_total{listener,reason}` (see
+    /// [`CONNECTION_CLOSE_REASONS`]); connections the client closed are not counted.
+    pub http_connections_closed: IntCounterVec,
 
     /// `tombstoned_db_pool_connections{state}`: read from the pool at each scrape.
     db_pool_connections: PoolConnections,
@@ -228,6 +247,38 @@ impl Metrics {
                  duplicate_request, rejected (business rule), invalid (validation).",
                 &["outcome"],
             )?,
+            http_connections: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "tombstoned_http_connections",
+                        "Open HTTP connections by listener: api, metrics.",
+                    ),
+                    &["listener"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            http_connection_limit: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "tombstoned_http_connection_limit",
+                        "The connection cap in force per listener (max_connections, or less when \
+                         the file-descriptor limit cannot hold it).",
+                    ),
+                    &["listener"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            http_connections_closed: counter_vec(
+                &r,
+                "tombstoned_http_connections_closed_total",
+                "HTTP connections the server closed, by listener and reason: idle_timeout, \
+                 header_timeout (a request's headers did not arrive in time), evicted (the \
+                 longest idle one, to make room at the cap), refused (at the cap with none \
+                 idle), shutdown.",
+                &["listener", "reason"],
+            )?,
             db_pool_connections: {
                 let c = PoolConnections {
                     gauge: IntGaugeVec::new(
@@ -259,6 +310,14 @@ impl Metrics {
         }
         for o in CLAIM_OUTCOMES {
             m.claims.with_label_values(&[o]);
+        }
+        for listener in LISTENERS {
+            m.http_connections.with_label_values(&[listener]);
+            m.http_connection_limit.with_label_values(&[listener]);
+            for reason in CONNECTION_CLOSE_REASONS {
+                m.http_connections_closed
+                    .with_label_values(&[listener, reason]);
+            }
         }
         let build_info = IntGaugeVec::new(
             Opts::new(

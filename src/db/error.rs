@@ -64,9 +64,14 @@ pub enum ErrorClass {
     Deadlock,
     /// 57014 query_canceled: `statement_timeout` or a cancel request.
     QueryCanceled,
-    /// Class 08, an admin/crash shutdown (57P01-57P03), or no SQLSTATE at all because the socket
-    /// failed: the database is unreachable or the connection is gone.
+    /// Class 08, an admin/crash shutdown (57P01-57P03), 53300 too_many_connections (refused at
+    /// connection start), or no SQLSTATE at all because the socket failed: the database is
+    /// unreachable or the connection is gone.
     Unavailable,
+    /// The rest of class 53, insufficient resources (53100 disk_full, 53200 out_of_memory,
+    /// 53400 configuration_limit_exceeded): the server answered and rolled the statement back;
+    /// retry later, nothing to fix in the request.
+    InsufficientResources,
     /// Anything else: a bug or a schema problem, not something to retry blindly.
     Other,
 }
@@ -99,6 +104,8 @@ pub fn classify(err: &tokio_postgres::Error) -> ErrorClass {
         || *code == SqlState::TOO_MANY_CONNECTIONS
     {
         ErrorClass::Unavailable
+    } else if code.code().starts_with("53") {
+        ErrorClass::InsufficientResources
     } else {
         ErrorClass::Other
     }

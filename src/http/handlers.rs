@@ -37,6 +37,9 @@ pub const MAX_KEY_LEN: usize = 255;
 const RETRY_IN_PROGRESS_SECS: u64 = 1;
 /// `Retry-After` for 503s.
 const RETRY_UNAVAILABLE_SECS: u64 = 2;
+/// `Retry-After` when the database is out of disk, memory or connections (SQLSTATE class 53):
+/// an operator usually has to act, so retries come less often than for a blip.
+const RETRY_RESOURCES_SECS: u64 = 10;
 
 /// The claim outcome label, put in the response's extensions for the request log line.
 #[derive(Debug, Clone, Copy)]
@@ -195,8 +198,14 @@ fn too_large(limit: usize) -> Problem {
 }
 
 /// Reads the body, at most `limit` bytes: refused early by `Content-Length`, and while streaming
-/// when there is none (chunked).
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Problem> {
+/// when there is none (chunked). A body that does not arrive within `timeout` is refused too,
+/// so a half-sent request cannot hold its connection.
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Bytes, Problem> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -204,13 +213,21 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large(limit));
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(limit)),
-        Err(_) => Err(Problem::new(
+    match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(limit)),
+        Ok(Err(_)) => Err(Problem::new(
             ProblemType::MalformedJson,
             "The request body could not be read completely.",
         )),
+        Err(_) => Err(Problem::new(
+            ProblemType::MalformedJson,
+            format!(
+                "The request body did not arrive within {} (api.header_read_timeout).",
+                humantime::format_duration(timeout)
+            ),
+        )
+        .close_connection()),
     }
 }
 
@@ -225,7 +242,7 @@ async fn prepare_claim(
     let key = idempotency_key(headers)?;
     let version = api_version(headers, live)?;
     check_content_type(headers)?;
-    let bytes = read_body(headers, body, live.max_body_bytes).await?;
+    let bytes = read_body(headers, body, live.max_body_bytes, live.body_read_timeout).await?;
     let order = order_request::parse_order(&bytes, &live.defaults).map_err(|e| match e {
         OrderRequestError::Malformed(detail) => Problem::new(ProblemType::MalformedJson, detail),
         OrderRequestError::Invalid(errors) => {
@@ -360,6 +377,17 @@ fn outcome_response(outcome: ClaimOutcome) -> Response {
     }
 }
 
+/// 409 for a request refused by the per-key admission ([`super::key_gate`]): the same answer a
+/// waiter gets when the owner outlasts `api.claim_lock_timeout`.
+fn key_busy() -> Problem {
+    Problem::new(
+        ProblemType::RequestInProgress,
+        "Other requests with this idempotency key are in progress (an owner and one waiter); \
+         the outcome is pending. Retry with the same Idempotency-Key.",
+    )
+    .retry_after(RETRY_IN_PROGRESS_SECS)
+}
+
 fn claim_error_response(state: &ApiState, error: &ClaimError) -> Response {
     if let Some(db) = error.db_error() {
         state.metrics().db_error(db.sqlstate_class());
@@ -383,7 +411,7 @@ fn claim_error_response(state: &ApiState, error: &ClaimError) -> Response {
             tracing::warn!(error = %crate::db::error_text(error), "claim: database unavailable");
             unavailable().into_response()
         }
-        ClaimError::Database(db) => internal(db),
+        ClaimError::Database(db) => database_error(db),
         ClaimError::CorruptRecord(what) => {
             tracing::error!(problem = what, "claim: inconsistent idempotency record");
             Problem::new(ProblemType::InternalError, "Internal error.").into_response()
@@ -398,6 +426,30 @@ fn unavailable() -> Problem {
          Idempotency-Key.",
     )
     .retry_after(RETRY_UNAVAILABLE_SECS)
+}
+
+/// The database is out of resources (class 53: disk full, out of memory): it said so and rolled
+/// back, nothing was done. Not a bug of ours or the client's: 503 with `Retry-After`.
+fn resources_exhausted() -> Problem {
+    Problem::new(
+        ProblemType::DatabaseUnavailable,
+        "The database is out of resources (disk space or memory); nothing was done. Retry later \
+         with the same Idempotency-Key.",
+    )
+    .retry_after(RETRY_RESOURCES_SECS)
+}
+
+/// A database error no protocol branch handles: resource exhaustion is 503, anything else 500.
+fn database_error(db: &crate::db::DbError) -> Response {
+    if db.class() == crate::db::ErrorClass::InsufficientResources {
+        let code = match db {
+            crate::db::DbError::Query(e) => e.code().map(|c| c.code().to_owned()),
+            _ => None,
+        };
+        tracing::warn!(sqlstate = ?code, "the database is out of resources");
+        return resources_exhausted().into_response();
+    }
+    internal(db)
 }
 
 /// Logs only the SQLSTATE and constraint: server messages can quote row values (keys).
@@ -417,7 +469,7 @@ fn lookup_error_response(state: &ApiState, error: &LookupError) -> Response {
     state.metrics().db_error(error.db_error().sqlstate_class());
     match error {
         LookupError::Unavailable(_) => unavailable().into_response(),
-        LookupError::Database(db) => internal(db),
+        LookupError::Database(db) => database_error(db),
     }
 }
 
@@ -451,13 +503,29 @@ pub(crate) async fn create_order(
             return with_label(problem.into_response(), label);
         }
     };
+    // A third request for a key whose owner and one waiter are in flight would only queue on
+    // the owner's row lock with a pooled connection: answered at once instead.
+    let Some(admission) = state
+        .keys()
+        .enter(&request.tenant, &request.principal, &request.key)
+    else {
+        state
+            .metrics()
+            .claims
+            .with_label_values(&["in_progress"])
+            .inc();
+        return with_label(key_busy().into_response(), "in_progress");
+    };
     // The transaction runs in a task of its own: if the client disconnects, hyper drops this
-    // future, but the claim still finishes (commits or rolls back) and stays replayable.
+    // future, but the claim still finishes (commits or rolls back) and stays replayable. The
+    // admission goes with it, so the key stays counted until the claim really ends.
     let pool = state.pool().clone();
     let settings = live.claim.clone();
-    let task = state
-        .tasks()
-        .spawn(async move { claim::claim(&pool, &settings, &request).await });
+    let task = state.tasks().spawn(async move {
+        let outcome = claim::claim(&pool, &settings, &request).await;
+        drop(admission);
+        outcome
+    });
     match task.await {
         Ok(Ok(outcome)) => {
             let label = outcome.metric_label();

@@ -17,16 +17,21 @@
 //! ```
 
 mod handlers;
+mod key_gate;
 mod middleware;
 pub mod problem;
 mod state;
 
+use std::time::Duration;
+
 use axum::routing::{get, post};
-use axum::serve::ListenerExt as _;
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::connections::{self, ConnectionLimits, ListenerName};
+
+pub use key_gate::MAX_IN_FLIGHT_PER_KEY;
 pub use state::ApiState;
 
 use crate::auth::TokensError;
@@ -106,26 +111,52 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` is cancelled, then stops accepting, lets
-/// in-flight requests finish (connections close as their requests complete), and waits for every
-/// claim transaction spawned by a request — including those whose client went away — to end.
-/// Bounding the drain is the caller's choice (wrap this future in a timeout).
+/// How long requests in flight at shutdown may take to finish before their connections are
+/// dropped (the daemon's whole API drain, claims included, is bounded at 15 s, well inside the
+/// unit's `TimeoutStopSec=45s`).
+pub const REQUEST_DRAIN: Duration = Duration::from_secs(10);
+
+/// Serves the API on `listener` with the connection bounds of the configuration it was built
+/// from (`api.max_connections`, `api.header_read_timeout`, `api.idle_timeout`); see
+/// [`serve_with_limits`].
 pub async fn serve(
     listener: TcpListener,
     state: ApiState,
     shutdown: CancellationToken,
 ) -> Result<(), ApiError> {
+    let limits = state.connection_limits();
+    serve_with_limits(listener, state, limits, shutdown).await
+}
+
+/// Serves the API on `listener` within `limits` ([`crate::connections`]) until `shutdown` is
+/// cancelled, then stops accepting, closes idle and half-sent connections, lets in-flight
+/// requests finish (at most `limits.drain_timeout`), and waits for every claim transaction
+/// spawned by a request — including those whose client went away — to end.
+pub async fn serve_with_limits(
+    listener: TcpListener,
+    state: ApiState,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) -> Result<(), ApiError> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(
+            %addr,
+            max_connections = limits.max_connections,
+            header_read_timeout = ?limits.header_read_timeout,
+            idle_timeout = ?limits.idle_timeout,
+            "API listener started"
+        );
+    }
     let app = router(state.clone());
-    // Responses are small and written at once; without NODELAY a keep-alive client could see
-    // delayed-ACK stalls.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    connections::serve(
+        listener,
+        app,
+        limits,
+        ListenerName::Api,
+        Some(state.metrics().clone()),
+        shutdown,
+    )
+    .await;
     state.drain_claims().await;
-    result.map_err(ApiError::Serve)
+    Ok(())
 }

@@ -88,6 +88,8 @@ pub struct Problem {
     pub extensions: Map<String, Value>,
     /// `Retry-After` in seconds.
     pub retry_after: Option<u64>,
+    /// Whether to answer with `Connection: close` (the rest of the request cannot be trusted).
+    pub close: bool,
 }
 
 impl Problem {
@@ -98,7 +100,14 @@ impl Problem {
             detail: detail.into(),
             extensions: Map::new(),
             retry_after: None,
+            close: false,
         }
+    }
+
+    /// Answers with `Connection: close`.
+    pub fn close_connection(mut self) -> Self {
+        self.close = true;
+        self
     }
 
     /// Adds an extension member.
@@ -137,6 +146,9 @@ impl IntoResponse for Problem {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if self.close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if self.kind == ProblemType::Unauthenticated {
             headers.insert(

@@ -9,10 +9,12 @@ use deadpool_postgres::Pool;
 use governor::{DefaultKeyedRateLimiter, Quota};
 use tokio_util::task::TaskTracker;
 
+use super::key_gate::KeyGate;
 use super::ApiError;
 use crate::auth::TokenSet;
 use crate::claim::ClaimSettings;
 use crate::config::Config;
+use crate::connections::ConnectionLimits;
 use crate::db;
 use crate::metrics::Metrics;
 use crate::money::Currency;
@@ -31,6 +33,8 @@ pub(crate) struct Live {
     pub defaults: RequestDefaults,
     pub default_api_version: String,
     pub tokens_file: PathBuf,
+    /// How long a POST body may take to arrive (`api.header_read_timeout` again).
+    pub body_read_timeout: std::time::Duration,
 }
 
 struct Inner {
@@ -38,6 +42,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     live: RwLock<Arc<Live>>,
     tasks: TaskTracker,
+    keys: KeyGate,
+    connection_limits: ConnectionLimits,
 }
 
 /// The API's state: cheap to clone (one `Arc`).
@@ -76,6 +82,13 @@ impl ApiState {
                 metrics,
                 live: RwLock::new(Arc::new(live)),
                 tasks: TaskTracker::new(),
+                keys: KeyGate::default(),
+                connection_limits: ConnectionLimits {
+                    max_connections: config.api.max_connections,
+                    header_read_timeout: config.api.header_read_timeout,
+                    idle_timeout: config.api.idle_timeout,
+                    drain_timeout: super::REQUEST_DRAIN,
+                },
             }),
         })
     }
@@ -127,6 +140,16 @@ impl ApiState {
         &self.inner.tasks
     }
 
+    /// The API listener's connection bounds, as configured.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        self.inner.connection_limits
+    }
+
+    /// Claims in flight per scope and key.
+    pub(crate) fn keys(&self) -> &KeyGate {
+        &self.inner.keys
+    }
+
     /// Waits until every spawned claim transaction has ended.
     pub async fn drain_claims(&self) {
         self.inner.tasks.close();
@@ -159,6 +182,7 @@ fn build_live(config: &Config, current: Option<&Live>) -> Result<Live, ApiError>
         defaults: RequestDefaults { currency },
         default_api_version: api.default_api_version.clone(),
         tokens_file: api.tokens_file.clone(),
+        body_read_timeout: api.header_read_timeout,
     })
 }
 

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -16,11 +17,25 @@ use deadpool_postgres::Pool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::connections::{self, ConnectionLimits, ListenerName};
 use crate::metrics::Metrics;
 use crate::ops::readiness::{Readiness, ReadinessProbe};
 
 /// The content type of `/metrics`: Prometheus text exposition format 0.0.4.
 pub const METRICS_CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+
+/// How long requests in flight at shutdown may take (a render, or a readiness check bounded at
+/// 2 s) before their connections are dropped.
+pub const REQUEST_DRAIN: Duration = Duration::from_secs(5);
+
+/// The `[metrics]` defaults (`max_connections = 64`, `header_read_timeout = "10s"`,
+/// `idle_timeout = "60s"`), until [`OpsState::with_limits`] sets the configured ones.
+pub const DEFAULT_LIMITS: ConnectionLimits = ConnectionLimits {
+    max_connections: 64,
+    header_read_timeout: Duration::from_secs(10),
+    idle_timeout: Duration::from_secs(60),
+    drain_timeout: REQUEST_DRAIN,
+};
 
 /// A failure of the operations listener.
 #[derive(Debug, thiserror::Error)]
@@ -44,12 +59,24 @@ pub enum OpsServerError {
 pub struct OpsState {
     metrics: Arc<Metrics>,
     readiness: Arc<ReadinessProbe>,
+    limits: ConnectionLimits,
 }
 
 impl OpsState {
     /// State serving `metrics` and answering `/readyz` from `readiness`.
     pub fn new(metrics: Arc<Metrics>, readiness: Arc<ReadinessProbe>) -> Self {
-        OpsState { metrics, readiness }
+        OpsState {
+            metrics,
+            readiness,
+            limits: DEFAULT_LIMITS,
+        }
+    }
+
+    /// The listener's connection bounds (`metrics.max_connections`, `metrics.header_read_timeout`,
+    /// `metrics.idle_timeout`, after the file-descriptor budget).
+    pub fn with_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Reports this pool's connections as `tombstoned_db_pool_connections{state}` at each
@@ -76,20 +103,34 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, OpsServerError> {
         .map_err(|source| OpsServerError::Bind { addr, source })
 }
 
-/// Serves the operations routes on `listener` until `shutdown` is cancelled, then lets requests
-/// in flight finish (each is short: a render, or a readiness check bounded by its timeout).
+/// Serves the operations routes on `listener` within the state's connection bounds
+/// ([`crate::connections`]) until `shutdown` is cancelled, then closes idle and half-sent
+/// connections at once and lets requests in flight finish (each is short: a render, or a
+/// readiness check bounded by its timeout), at most [`REQUEST_DRAIN`].
 pub async fn serve_metrics(
     listener: TcpListener,
     state: OpsState,
     shutdown: CancellationToken,
 ) -> Result<(), OpsServerError> {
+    let limits = state.limits;
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "metrics and health listener started");
+        tracing::info!(
+            %addr,
+            max_connections = limits.max_connections,
+            "metrics and health listener started"
+        );
     }
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(OpsServerError::Serve)
+    let metrics = Arc::clone(&state.metrics);
+    connections::serve(
+        listener,
+        router(state),
+        limits,
+        ListenerName::Metrics,
+        Some(metrics),
+        shutdown,
+    )
+    .await;
+    Ok(())
 }
 
 async fn metrics(State(state): State<OpsState>) -> Response {

@@ -11,6 +11,7 @@ mod bench_scripts;
 mod cleanup;
 mod cleanup_support;
 mod cli;
+mod config_hostile;
 mod conn_support;
 mod credentials;
 mod daemon;

@@ -49,6 +49,9 @@ pub struct DaemonSpec {
     pub rust_log: String,
     /// `--log-format json`.
     pub json_logs: bool,
+    /// Starts the daemon under `prlimit --nofile=N:N` (util-linux), as systemd's default limit
+    /// or a unit's `LimitNOFILE=` would.
+    pub nofile: Option<u64>,
 }
 
 impl DaemonSpec {
@@ -60,6 +63,7 @@ impl DaemonSpec {
             tokens: example_tokens(),
             rust_log: "info".into(),
             json_logs: false,
+            nofile: None,
         }
     }
 
@@ -160,7 +164,15 @@ impl Daemon {
     }
 
     async fn spawn(&mut self) {
-        let mut command = Command::new(harness::binary());
+        let mut command = match self.spec.nofile {
+            // prlimit sets the limit on itself and execs the daemon: same process id.
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg(harness::binary());
+                c
+            }
+            None => Command::new(harness::binary()),
+        };
         command.arg("--config").arg(&self.config_path);
         if self.spec.json_logs {
             command.args(["--log-format", "json"]);

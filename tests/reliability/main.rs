@@ -13,6 +13,7 @@ mod daemon;
 mod faults;
 #[path = "../it/harness.rs"]
 mod harness;
+mod hostile;
 mod ledger;
 mod load;
 mod security;
