@@ -20,7 +20,9 @@
 //! * [`readiness`] — is the database reachable and the schema current (`/readyz`, watchdog);
 //! * [`ops_server`] — the metrics and health listener (`/metrics`, `/healthz`, `/readyz`);
 //! * [`systemd`] — sd_notify readiness, status and the watchdog;
-//! * [`cli`] — the command line and its exit codes;
+//! * [`cli`] — the command line and its exit codes; [`outbox_cli`] — `tombstoned outbox ...`;
+//! * [`outbox`] — the relay that delivers `outbox_events` as signed webhooks, at least once,
+//!   in order per order; its dead letters and requeue;
 //! * [`claim`] — the claim/replay transaction and its [`claim::ClaimOutcome`];
 //! * [`http`] — the HTTP API around it; [`auth`] — bearer tokens; [`order_request`] — request
 //!   validation; [`money`] — currencies and amounts; [`fingerprint`] — the intent's fingerprint;
@@ -43,6 +45,8 @@ pub mod metrics;
 pub mod money;
 pub mod ops_server;
 pub mod order_request;
+pub mod outbox;
+pub mod outbox_cli;
 pub mod pg_cluster;
 pub mod readiness;
 pub mod schedule;
