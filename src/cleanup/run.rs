@@ -1,5 +1,6 @@
 //! One cleanup run ([`run_once`]): the cutoff, the tombstoning phase, the optional retention
-//! purge, the backlog left, and the [`RunReport`] that metrics, logs, the CLI and tests read.
+//! purge, the optional retention of delivered outbox events, the backlog left, and the
+//! [`RunReport`] that metrics, logs, the CLI and tests read.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -104,6 +105,13 @@ pub struct RunReport {
     /// Tombstones that expired at or before this instant were purge candidates (`None`: purge
     /// is off, or the run stopped before the purge phase).
     pub purge_before: Option<DateTime<Utc>>,
+    /// Delivered outbox events deleted by retention (`retention.outbox_keep_delivered`).
+    pub outbox_events_deleted: u64,
+    /// Committed outbox retention batches that found events.
+    pub outbox_batches: u64,
+    /// Events delivered at or before this instant were deletion candidates (`None`: outbox
+    /// retention is off, or the run stopped before that phase).
+    pub outbox_delete_before: Option<DateTime<Utc>>,
     /// Wall time of the run.
     #[serde(rename = "duration_seconds", serialize_with = "seconds")]
     pub duration: Duration,
@@ -142,8 +150,8 @@ fn optional_seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<
 
 /// Runs one cleanup pass: reads the cutoff, tombstones every row due at it (batch by batch,
 /// until a batch finds nothing, `cleanup.max_run_time`, `limits.max_batches` or `shutdown`),
-/// purges old tombstones when `retention.purge_tombstones_after` is set, and counts the backlog
-/// left. Opens its own session (application_name `tombstoned/cleanup`), so a run after an outage
+/// purges old tombstones when `retention.purge_tombstones_after` is set, deletes old delivered
+/// outbox events when `retention.outbox_keep_delivered` is set, and counts the backlog left. Opens its own session (application_name `tombstoned/cleanup`), so a run after an outage
 /// simply reconnects. Does not take the single-runner lease: that is the caller's choice
 /// ([`super::Lease`]); two runs at once are safe, only wasteful.
 ///
@@ -173,6 +181,7 @@ pub async fn run_once(
                 rows_skipped = report.rows_skipped,
                 retries = report.retries,
                 tombstones_purged = report.tombstones_purged,
+                outbox_events_deleted = report.outbox_events_deleted,
                 backlog_rows = report.backlog_rows,
                 duration_seconds = report.duration.as_secs_f64(),
                 rows_per_second = report.rows_per_second.round(),
@@ -279,6 +288,15 @@ async fn run_inner(
             stopped = purging.stopped;
         }
     }
+    let mut outbox_bound = None;
+    let mut outbox = PhaseResult::default();
+    if let (None, Some(keep)) = (stopped, retention.outbox_keep_delivered) {
+        if let Some(before) = purge_before(cutoff, keep) {
+            outbox_bound = Some(before);
+            outbox = engine.phase(Phase::OutboxRetention, before).await?;
+            stopped = outbox.stopped;
+        }
+    }
 
     let (backlog_rows, oldest_due_deadline) =
         backlog(client, cutoff, tombstoning.left.ranges()).await?;
@@ -301,12 +319,15 @@ async fn run_inner(
         cutoff,
         rows_tombstoned: tombstoning.changed,
         batches: tombstoning.batches,
-        lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts,
+        lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts + outbox.lock_timeouts,
         rows_skipped: tombstoning.rows_skipped,
         retries: engine.retries,
         tombstones_purged: purging.changed,
         purge_batches: purging.batches,
         purge_before: purge_bound,
+        outbox_events_deleted: outbox.changed,
+        outbox_batches: outbox.batches,
+        outbox_delete_before: outbox_bound,
         duration,
         rows_per_second: per_second(tombstoning.changed, duration),
         backlog_rows,
@@ -319,8 +340,9 @@ async fn run_inner(
     })
 }
 
-/// The instant tombstones must have expired at or before to be purged: "older than
-/// `purge_after`" is strict, and the index range inclusive, hence the microsecond.
+/// The instant tombstones must have expired at or before to be purged (or outbox events been
+/// delivered at or before to be deleted): "older than `purge_after`" is strict, and the index
+/// range inclusive, hence the microsecond.
 pub(crate) fn purge_before(cutoff: DateTime<Utc>, after: Duration) -> Option<DateTime<Utc>> {
     TimeDelta::from_std(after)
         .ok()
@@ -382,13 +404,15 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// The two phases of a run share one batch engine.
+/// The phases of a run share one batch engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Due records become tombstones (index: `idempotency_records_due_idx`).
     Tombstone,
     /// Old tombstones are deleted (index: `idempotency_records_purge_idx`).
     Purge,
+    /// Old delivered outbox events are deleted (index: `outbox_events_delivered_idx`).
+    OutboxRetention,
 }
 
 impl Phase {
@@ -396,6 +420,10 @@ impl Phase {
         match self {
             Phase::Tombstone => (sql::TOMBSTONE_BATCH, sql::TOMBSTONE_BATCH_SKIP_LOCKED),
             Phase::Purge => (sql::PURGE_BATCH, sql::PURGE_BATCH_SKIP_LOCKED),
+            Phase::OutboxRetention => (
+                sql::OUTBOX_RETENTION_BATCH,
+                sql::OUTBOX_RETENTION_BATCH_SKIP_LOCKED,
+            ),
         }
     }
 
@@ -403,6 +431,7 @@ impl Phase {
         match self {
             Phase::Tombstone => "running a tombstone batch",
             Phase::Purge => "running a purge batch",
+            Phase::OutboxRetention => "running an outbox retention batch",
         }
     }
 }
@@ -595,6 +624,7 @@ impl Engine<'_> {
                     match phase {
                         Phase::Tombstone => self.meter.tombstoned(rows.changed),
                         Phase::Purge => self.meter.purged(rows.changed),
+                        Phase::OutboxRetention => self.meter.outbox_deleted(rows.changed),
                     }
                     tracing::debug!(
                         ?phase,
@@ -717,6 +747,12 @@ impl Meter<'_> {
         }
     }
 
+    fn outbox_deleted(&self, rows: u64) {
+        if let Some(m) = self.0 {
+            m.outbox_events_deleted.inc_by(rows);
+        }
+    }
+
     fn lock_timeout(&self) {
         if let Some(m) = self.0 {
             m.cleanup_lock_timeouts.inc();
@@ -796,6 +832,9 @@ mod tests {
             tombstones_purged: 0,
             purge_batches: 0,
             purge_before: None,
+            outbox_events_deleted: 0,
+            outbox_batches: 0,
+            outbox_delete_before: None,
             duration: Duration::from_millis(1500),
             rows_per_second: 2.0,
             backlog_rows: 0,
