@@ -4,10 +4,10 @@
 //! | status | meaning |
 //! |---|---|
 //! | 0  | success |
-//! | 64 | bad usage or configuration (EX_USAGE) |
+//! | 64 | bad usage or configuration (EX_USAGE); `outbox requeue` named an event that is not a dead letter |
 //! | 69 | database unavailable, or its schema not current (EX_UNAVAILABLE) |
 //! | 70 | internal error (EX_SOFTWARE) |
-//! | 75 | temporary refusal: `cleanup` found another instance holding the cleanup lease (EX_TEMPFAIL) |
+//! | 75 | temporary refusal: `cleanup` found another instance holding the cleanup lease; `outbox deliver` left some attempted event undelivered (EX_TEMPFAIL) |
 //! | 130 | a second SIGINT/SIGTERM during a graceful stop: exit at once, open transactions roll back |
 
 use std::path::PathBuf;
@@ -30,7 +30,8 @@ pub enum Exit {
     Unavailable = 69,
     /// 70: anything else.
     Software = 70,
-    /// 75: try again later (`cleanup` while another instance holds the cleanup lease).
+    /// 75: try again later (`cleanup` while another instance holds the cleanup lease; `outbox
+    /// deliver` when some event it attempted is not delivered).
     TempFail = 75,
     /// 130: a second signal ended a graceful stop at once.
     Interrupted = 130,
@@ -81,6 +82,9 @@ pub enum Command {
     CheckConfig,
     /// Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step.
     Demo(DemoArgs),
+    /// Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters.
+    #[command(subcommand)]
+    Outbox(crate::outbox_cli::OutboxCommand),
 }
 
 /// `tombstoned cleanup`
@@ -204,6 +208,11 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if cause.is::<ConfigError>() {
             return Exit::Usage;
         }
+        if let Some(e) = cause.downcast_ref::<crate::outbox::OutboxError>() {
+            if e.is_configuration() {
+                return Exit::Usage;
+            }
+        }
         if let Some(db) = cause.downcast_ref::<DbError>() {
             return match db.class() {
                 ErrorClass::Unavailable => Exit::Unavailable,
@@ -265,6 +274,9 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Migrate(args) => runtime()?.block_on(migrate(&config, args)),
         Command::Cleanup(args) => runtime()?.block_on(crate::cleanup::command(&config, &args)),
         Command::Serve => runtime()?.block_on(crate::daemon::serve(config, cli.config)),
+        Command::Outbox(command) => {
+            runtime()?.block_on(crate::outbox_cli::command(&config, &command))
+        }
         Command::Demo(_) => unreachable!("handled above"),
     }
 }
@@ -315,6 +327,7 @@ fn check_config(config: &Config) -> anyhow::Result<Exit> {
         config.api.listen,
         config.metrics.listen
     );
+    println!("outbox: {}", crate::outbox_cli::check_line(config)?);
     let now = chrono::Utc::now();
     println!(
         "next 5 cleanup runs for {:?} (UTC):",
