@@ -1,11 +1,13 @@
 //! `tombstoned serve`: start-up checks, the long-running tasks (cleanup scheduler, HTTP API,
-//! operations listener, systemd notifications), and the signals that reload and stop them.
+//! outbox relay, operations listener, systemd notifications), and the signals that reload and
+//! stop them.
 //!
 //! Start-up order is what makes `READY=1` honest: configuration loaded, database reachable,
 //! schema current, both listeners bound — only then readiness. Shutdown runs the other way: stop
 //! accepting API requests and drain them (bounded), let the cleaner finish or roll back its
-//! current batch and release its lease, and close the metrics listener last so the final
-//! scrapes still work.
+//! current batch and release its lease, let the outbox relay's deliveries in flight finish
+//! (bounded by `outbox.shutdown_grace`, then abandoned: their leases expire and they are sent
+//! again), and close the metrics listener last so the final scrapes still work.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -23,6 +25,7 @@ use crate::db::{self, migrations};
 use crate::http::{self, ApiState};
 use crate::metrics::Metrics;
 use crate::ops_server::{self, OpsState};
+use crate::outbox::Relay;
 use crate::readiness::ReadinessProbe;
 use crate::scheduler::{Scheduler, SchedulerState, SchedulerStatus};
 use crate::systemd::Notifier;
@@ -49,6 +52,9 @@ const MIN_DATABASE_OUTAGE_TOLERANCE: Duration = Duration::from_secs(10);
 const SCHEDULER_STALL: Duration = Duration::from_secs(10);
 /// Slack on top of a run's own bounds before a run counts as stuck.
 const RUN_SLACK: Duration = Duration::from_secs(60);
+/// On top of `outbox.shutdown_grace`: how long the relay may take to release what it leased but
+/// did not send and to record what just finished (a few bounded statements).
+const RELAY_STOP_SLACK: Duration = Duration::from_secs(30);
 
 /// Runs the daemon until SIGTERM or SIGINT. `config_path` is re-read on SIGHUP.
 pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Result<Exit> {
@@ -79,8 +85,20 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     } else {
         None
     };
+    // The relay reads its secret and CA files now: an unusable one is a configuration error
+    // (exit 64) before readiness, not a relay failing in the background.
+    let relay = if config.outbox.enabled {
+        Some(Relay::new(
+            &config.database,
+            &config.outbox,
+            "outbox-relay",
+            Some(metrics.clone()),
+        )?)
+    } else {
+        None
+    };
 
-    let stop_work = CancellationToken::new(); // API and scheduler
+    let stop_work = CancellationToken::new(); // API, scheduler and outbox relay
     let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
     let readiness = Arc::new(ReadinessProbe::new(config.database.clone()));
     let mut ops_state = OpsState::new(metrics.clone(), readiness.clone());
@@ -101,6 +119,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     let scheduler = Scheduler::new(config.database.clone(), config_rx, metrics.clone());
     let scheduler_status = scheduler.status();
     let scheduler_task = tokio::spawn(scheduler.run(stop_work.clone()));
+    let relay_task = relay.map(|relay| tokio::spawn(relay.run(stop_work.clone())));
 
     let status_task = tokio::spawn(publish_status(
         notifier.clone(),
@@ -132,6 +151,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         api = %if config.api.enabled { config.api.listen.to_string() } else { "disabled".into() },
         metrics = %config.metrics.listen,
         cleanup = %if config.cleanup.enabled { config.cleanup.schedule.to_string() } else { "disabled".into() },
+        outbox = %if config.outbox.enabled { config.outbox.endpoint_display() } else { "disabled".into() },
         "tombstoned ready"
     );
 
@@ -152,7 +172,10 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         }
     }
 
-    tracing::info!("shutting down: draining API requests, finishing the current cleanup batch");
+    tracing::info!(
+        "shutting down: draining API requests, finishing the current cleanup batch and the \
+         outbox deliveries in flight"
+    );
     notifier.stopping();
     readiness.mark_shutting_down();
     tokio::spawn(async move {
@@ -177,6 +200,19 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     }
     if let Err(e) = scheduler_task.await {
         tracing::error!(error = %e, "cleanup scheduler task failed");
+    }
+    if let Some(task) = relay_task {
+        // Cancelled with the rest above, so its grace has been running meanwhile.
+        let bound = current.outbox.shutdown_grace + RELAY_STOP_SLACK;
+        match tokio::time::timeout(bound, task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "outbox relay task failed"),
+            Err(_) => tracing::warn!(
+                timeout = ?bound,
+                "the outbox relay did not stop in time; its leased events are sent again when \
+                 their leases expire"
+            ),
+        }
     }
     stop_ops.cancel();
     for task in [Some(status_task), Some(refresh_task), watchdog_task]
@@ -480,6 +516,9 @@ fn reload(
     if new.metrics.listen != current.metrics.listen {
         needs_restart.push("metrics.listen");
     }
+    if new.outbox != current.outbox {
+        needs_restart.push("outbox.*");
+    }
     if !needs_restart.is_empty() {
         tracing::warn!(
             keys = %needs_restart.join(", "),
@@ -492,6 +531,7 @@ fn reload(
     applied.api.enabled = current.api.enabled;
     applied.api.listen = current.api.listen;
     applied.metrics = current.metrics.clone();
+    applied.outbox = current.outbox.clone();
     let applied = Arc::new(applied);
     if let Some(api) = api {
         if let Err(e) = api.reload(&applied) {
