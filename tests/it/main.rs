@@ -16,6 +16,8 @@ mod demo;
 mod harness;
 mod ops_server;
 mod ops_support;
+mod outbox;
+mod outbox_support;
 mod prometheus;
 mod replay_locks;
 mod scheduler;
