@@ -253,11 +253,15 @@ pub(crate) fn render_report(r: &PassReport, endpoint: &str) -> String {
         "outbox delivery to {endpoint}: {attempted} events attempted"
     );
     let _ = writeln!(out, "  delivered         {}", r.delivered);
-    let _ = writeln!(
-        out,
-        "  retry scheduled   {} ({} timed out: outcome unknown, the receiver may have them)",
-        r.retried, r.timeouts
-    );
+    let timeouts = if r.timeouts > 0 {
+        format!(
+            " ({} timed out: outcome unknown, the receiver may have them)",
+            r.timeouts
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(out, "  retry scheduled   {}{timeouts}", r.retried);
     let _ = writeln!(out, "  dead-lettered     {}", r.dead_lettered);
     if r.abandoned > 0 || r.released > 0 {
         let _ = writeln!(
