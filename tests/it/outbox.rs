@@ -808,6 +808,16 @@ async fn the_one_shot_command_delivers_previews_and_refuses_unsafe_configuration
         "{}",
         stderr(&no_endpoint)
     );
+    // `serve` with the relay on refuses the exposed secret before readiness.
+    let mut serve_env = env.clone();
+    serve_env.extend([
+        ("TOMBSTONED_OUTBOX__ENABLED", "true".to_owned()),
+        ("TOMBSTONED_API__ENABLED", "false".to_owned()),
+        ("TOMBSTONED_METRICS__LISTEN", "127.0.0.1:0".to_owned()),
+    ]);
+    let serve = cli(&db, &["serve"], &serve_env).await;
+    assert_eq!(serve.status.code(), Some(64), "{}", stderr(&serve));
+    assert!(stderr(&serve).contains("chmod 600"), "{}", stderr(&serve));
     drop(dir);
 }
 
