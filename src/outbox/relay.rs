@@ -209,7 +209,7 @@ impl Relay {
             if gauges_at.is_none_or(|t| t.elapsed() >= GAUGE_REFRESH) {
                 gauges_at = Some(Instant::now());
                 if let Err(e) = self.refresh_gauges(client).await {
-                    tracing::debug!(error = %e, "outbox gauges not refreshed");
+                    tracing::debug!(error = %super::error_summary(&e), "outbox gauges not refreshed");
                 }
             }
             match self
@@ -355,7 +355,7 @@ impl Relay {
         if shutdown.is_cancelled() || Instant::now() >= start_by {
             if let Err(e) = self.release(client, &event).await {
                 // Not released: the lease expires on its own.
-                tracing::debug!(event_id = %event.event_id, error = %e, "lease not released");
+                tracing::debug!(event_id = %event.event_id, error = %super::error_summary(&e), "lease not released");
             }
             return Handled::Released;
         }
