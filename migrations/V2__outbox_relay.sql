@@ -19,7 +19,8 @@ ALTER TABLE outbox_events
     -- The event's place among its order's events, from 1. A receiver refuses a sequence lower
     -- than one it has applied; the relay sends an event only after every lower one of its order
     -- is delivered. The claim inserts the first event of an order, `order.created`, and relies
-    -- on the default.
+    -- on the default. V1's outbox_events_one_per_type stays: an order has each event type at
+    -- most once, and the sequence orders those events.
     ADD COLUMN sequence          integer     NOT NULL DEFAULT 1,
     -- Delivery attempts started (counted when the event is leased).
     ADD COLUMN attempts          integer     NOT NULL DEFAULT 0,
