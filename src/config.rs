@@ -15,8 +15,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::db::conninfo::ConnInfo;
 use crate::db::credentials;
+use crate::outbox::settings::{self, RawOutbox};
 use crate::schedule::Schedule;
 use crate::toml_diagnostic::{describe, Stage};
+
+pub use crate::outbox::settings::{MaxAttempts, OutboxConfig};
 
 /// API semantic versions this build understands; the first is the newest.
 pub const SUPPORTED_API_VERSIONS: &[&str] = &["2026-12-01"];
@@ -82,6 +85,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// `[metrics]`
     pub metrics: MetricsConfig,
+    /// `[outbox]`
+    pub outbox: OutboxConfig,
     /// The file this was loaded from, if any.
     pub source: Option<PathBuf>,
 }
@@ -108,6 +113,8 @@ pub struct RetentionConfig {
     pub replay_window: Duration,
     /// Delete tombstones this long after they expired, reopening their keys; `None` keeps them.
     pub purge_tombstones_after: Option<Duration>,
+    /// Delete delivered outbox events this long after their delivery; `None` keeps them.
+    pub outbox_keep_delivered: Option<Duration>,
 }
 
 /// What a cleanup batch does with a row another transaction has locked.
@@ -266,6 +273,7 @@ struct RawConfig {
     cleanup: RawCleanup,
     api: RawApi,
     metrics: RawMetrics,
+    outbox: RawOutbox,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -295,6 +303,7 @@ impl Default for RawDatabase {
 struct RawRetention {
     replay_window: String,
     purge_tombstones_after: String,
+    outbox_keep_delivered: String,
 }
 
 impl Default for RawRetention {
@@ -302,6 +311,7 @@ impl Default for RawRetention {
         Self {
             replay_window: "24h".into(),
             purge_tombstones_after: "off".into(),
+            outbox_keep_delivered: "off".into(),
         }
     }
 }
@@ -501,6 +511,7 @@ impl Config {
                 "metrics.idle_timeout",
                 old.metrics.idle_timeout != new.metrics.idle_timeout,
             ),
+            ("outbox.*", old.outbox != new.outbox),
         ]
         .into_iter()
         .filter_map(|(key, changed)| changed.then_some(key))
@@ -521,6 +532,7 @@ impl Config {
                 ..new.api
             },
             metrics: self.metrics.clone(),
+            outbox: self.outbox.clone(),
             ..new
         }
     }
@@ -592,6 +604,12 @@ fn apply_env(
                     }
                 })?)
             }
+            toml::Value::Float(_) => {
+                toml::Value::Float(value.trim().parse().map_err(|_| ConfigError::BadEnvValue {
+                    var: var.clone(),
+                    expected: "a number",
+                })?)
+            }
             toml::Value::Boolean(_) => match value.trim() {
                 "true" => toml::Value::Boolean(true),
                 "false" => toml::Value::Boolean(false),
@@ -628,7 +646,7 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(5_000 * 31_557_600);
 
 /// Every duration setting: humantime syntax, and countable in microseconds by PostgreSQL (a
 /// bigint, or an interval's microsecond field), which caps any duration at ~292,000 years.
-fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn duration(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     let d = humantime::parse_duration(text.trim()).map_err(|e| ConfigError::Invalid {
         key,
         reason: format!("{text:?} is not a duration ({e}); write e.g. \"250ms\", \"5s\", \"24h\""),
@@ -678,7 +696,7 @@ fn timeout(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     Ok(d)
 }
 
-fn positive(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn positive(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     let d = duration(key, text)?;
     if d.is_zero() {
         return Err(ConfigError::Invalid {
@@ -689,7 +707,7 @@ fn positive(key: &'static str, text: &str) -> Result<Duration, ConfigError> {
     Ok(d)
 }
 
-fn in_range<T: TryFrom<i64>>(
+pub(crate) fn in_range<T: TryFrom<i64>>(
     key: &'static str,
     v: i64,
     min: i64,
@@ -769,6 +787,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         cleanup,
         api,
         metrics,
+        outbox,
     } = raw;
 
     let database = DatabaseConfig {
@@ -802,6 +821,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
     }
 
     let purge = retention.purge_tombstones_after.trim();
+    let keep_delivered = retention.outbox_keep_delivered.trim();
     let retention = RetentionConfig {
         replay_window: retention_duration("retention.replay_window", &retention.replay_window)?,
         purge_tombstones_after: if purge.eq_ignore_ascii_case("off") {
@@ -811,6 +831,11 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
                 "retention.purge_tombstones_after",
                 purge,
             )?)
+        },
+        outbox_keep_delivered: if keep_delivered.eq_ignore_ascii_case("off") {
+            None
+        } else {
+            Some(positive("retention.outbox_keep_delivered", keep_delivered)?)
         },
     };
 
@@ -906,12 +931,15 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         });
     }
 
+    let outbox = settings::validate(outbox, base_dir)?;
+
     Ok(Config {
         database,
         retention,
         cleanup,
         api,
         metrics,
+        outbox,
         source: None,
     })
 }
@@ -947,6 +975,8 @@ mod tests {
         assert_eq!(c.cleanup.schedule.expression(), "*/5 * * * *");
         assert_eq!(c.retention.replay_window, Duration::from_secs(24 * 3600));
         assert_eq!(c.retention.purge_tombstones_after, None);
+        assert_eq!(c.retention.outbox_keep_delivered, None);
+        assert_eq!(c.outbox, d.outbox);
         assert_eq!(
             c.api.tokens_file,
             path.parent().unwrap().join("tokens.toml")

@@ -1,11 +1,13 @@
 //! `tombstoned serve`: start-up checks, the long-running tasks (cleanup scheduler, HTTP API,
-//! operations listener, systemd notifications), and the signals that reload and stop them.
+//! outbox relay, operations listener, systemd notifications), and the signals that reload and
+//! stop them.
 //!
 //! Start-up order is what makes `READY=1` honest: configuration loaded, database reachable,
 //! schema current, both listeners bound — only then readiness. Shutdown runs the other way: stop
 //! accepting API requests and drain them (bounded), let the cleaner finish or roll back its
-//! current batch and release its lease, and close the metrics listener last so the final
-//! scrapes still work.
+//! current batch and release its lease, let the outbox relay's deliveries in flight finish
+//! (bounded by `outbox.shutdown_grace`, then abandoned: their leases expire and they are sent
+//! again), and close the metrics listener last so the final scrapes still work.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use crate::ops::listener::{self, OpsState};
 use crate::ops::readiness::ReadinessProbe;
 use crate::ops::systemd::Notifier;
 use crate::ops::watchdog::WatchdogHealth;
+use crate::outbox::Relay;
 use crate::scheduler::{Scheduler, SchedulerStatus};
 use crate::signals::GracefulStop;
 
@@ -35,6 +38,9 @@ const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often the readiness probe refreshes on its own (it also feeds the watchdog); never less
 /// often than the watchdog pings.
 const READINESS_REFRESH: Duration = Duration::from_secs(5);
+/// On top of `outbox.shutdown_grace`: how long the relay may take to release what it leased but
+/// did not send and to record what just finished (a few bounded statements).
+const RELAY_STOP_SLACK: Duration = Duration::from_secs(30);
 
 /// Runs the daemon until SIGTERM or SIGINT. `config_path` is re-read on SIGHUP.
 pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
@@ -67,8 +73,20 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     } else {
         None
     };
+    // The relay reads its secret and CA files now: an unusable one is a configuration error
+    // (exit 64) before readiness, not a relay failing in the background.
+    let relay = if config.outbox.enabled {
+        Some(Relay::new(
+            &config.database,
+            &config.outbox,
+            "outbox-relay",
+            Some(metrics.clone()),
+        )?)
+    } else {
+        None
+    };
 
-    let stop_work = CancellationToken::new(); // API and scheduler
+    let stop_work = CancellationToken::new(); // API, scheduler and outbox relay
     let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
     let readiness = Arc::new(ReadinessProbe::new(config.database.clone()));
     // The API's state reports its pool's connections on /metrics (Metrics::observe_pool).
@@ -103,6 +121,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     let scheduler = Scheduler::new(config.database.clone(), config_rx, metrics.clone());
     let scheduler_status = scheduler.status();
     let scheduler_task = tokio::spawn(scheduler.run(stop_work.clone()));
+    let relay_task = relay.map(|relay| tokio::spawn(relay.run(stop_work.clone())));
 
     let status_task = tokio::spawn(publish_status(
         notifier.clone(),
@@ -131,6 +150,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         api = %if config.api.enabled { config.api.listen.to_string() } else { "disabled".into() },
         metrics = %config.metrics.listen,
         cleanup = %if config.cleanup.enabled { config.cleanup.schedule.to_string() } else { "disabled".into() },
+        outbox = %if config.outbox.enabled { config.outbox.endpoint_display() } else { "disabled".into() },
         "tombstoned ready"
     );
 
@@ -138,7 +158,10 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     let signalled = CancellationToken::new();
     GracefulStop::install()?.spawn(
         signalled.clone(),
-        Some("shutting down: draining API requests, finishing the current cleanup batch"),
+        Some(
+            "shutting down: draining API requests, finishing the current cleanup batch and the \
+             outbox deliveries in flight",
+        ),
         "second signal: exiting at once",
     );
     let mut hup = signal(SignalKind::hangup()).context("cannot install a handler for SIGHUP")?;
@@ -170,6 +193,19 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     }
     if let Err(e) = scheduler_task.await {
         tracing::error!(error = %e, "cleanup scheduler task failed");
+    }
+    if let Some(task) = relay_task {
+        // Cancelled with the rest above, so its grace has been running meanwhile.
+        let bound = current.outbox.shutdown_grace + RELAY_STOP_SLACK;
+        match tokio::time::timeout(bound, task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "outbox relay task failed"),
+            Err(_) => tracing::warn!(
+                timeout = ?bound,
+                "the outbox relay did not stop in time; its leased events are sent again when \
+                 their leases expire"
+            ),
+        }
     }
     stop_ops.cancel();
     for task in [Some(status_task), Some(refresh_task), watchdog_task]

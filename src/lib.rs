@@ -19,7 +19,8 @@
 //!   report, dry run, lease and statements; [`http`] — the HTTP API around [`claim`] (the
 //!   claim/replay protocol and its statements) and [`lookup`] (the read-only GET queries);
 //!   [`ops`] — the metrics/health listener, readiness, the watchdog policy and the sd_notify
-//!   transport;
+//!   transport; [`outbox`] — the relay that delivers `outbox_events` as signed webhooks, at least
+//!   once, in order per order, with dead letters and requeue;
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
 //!   one error text, shared statements, [`db::migrations`]; [`config`] — the configuration
 //!   validated into typed values; [`metrics`] — every Prometheus series; [`connections`] — the
@@ -52,6 +53,7 @@ pub mod metrics;
 pub mod money;
 pub mod ops;
 pub mod order_request;
+pub mod outbox;
 pub mod pg_cluster;
 pub mod schedule;
 pub mod scheduler;

@@ -89,6 +89,19 @@ pub struct Metrics {
     db_pool_connections: PoolConnections,
     /// `tombstoned_db_errors_total{sqlstate_class}`
     pub db_errors: IntCounterVec,
+
+    /// `tombstoned_outbox_backlog_events`: events neither delivered nor dead letters.
+    pub outbox_backlog_events: IntGauge,
+    /// `tombstoned_outbox_oldest_undelivered_age_seconds`: age of the oldest of those.
+    pub outbox_oldest_undelivered_age_seconds: prometheus::Gauge,
+    /// `tombstoned_outbox_deliveries_total{outcome}` (see [`crate::outbox::policy::DELIVERY_OUTCOMES`]).
+    pub outbox_deliveries: IntCounterVec,
+    /// `tombstoned_outbox_delivery_duration_seconds`: one HTTP attempt.
+    pub outbox_delivery_duration: Histogram,
+    /// `tombstoned_outbox_dead_letters`: events the relay gave up on, until requeued.
+    pub outbox_dead_letters: IntGauge,
+    /// `tombstoned_outbox_events_deleted_total`: delivered events deleted by retention.
+    pub outbox_events_deleted: IntCounter,
 }
 
 fn counter(r: &Registry, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
@@ -136,6 +149,9 @@ const BATCH_BUCKETS: &[f64] = &[
 ];
 const RUN_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 240.0, 600.0,
+];
+const DELIVERY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 const HTTP_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -300,6 +316,43 @@ impl Metrics {
                  08 connection; connection when the socket failed without a SQLSTATE).",
                 &["sqlstate_class"],
             )?,
+            outbox_backlog_events: int_gauge(
+                &r,
+                "tombstoned_outbox_backlog_events",
+                "Outbox events neither delivered nor dead letters, as this instance's relay last \
+                 counted them (0 where the relay is off).",
+            )?,
+            outbox_oldest_undelivered_age_seconds: gauge(
+                &r,
+                "tombstoned_outbox_oldest_undelivered_age_seconds",
+                "Age of the oldest outbox event that is neither delivered nor a dead letter (0 \
+                 when there is none).",
+            )?,
+            outbox_deliveries: counter_vec(
+                &r,
+                "tombstoned_outbox_deliveries_total",
+                "Outbox delivery attempts by outcome: delivered (2xx), retryable_status (5xx, \
+                 408, 429, 3xx), permanent_status (other 4xx, attempts left), dead_lettered (410, \
+                 or a permanent 4xx at outbox.max_attempts), timeout (outcome unknown), \
+                 connection_error, abandoned (cut off by shutdown).",
+                &["outcome"],
+            )?,
+            outbox_delivery_duration: histogram(
+                &r,
+                "tombstoned_outbox_delivery_duration_seconds",
+                "Duration of one outbox delivery attempt, request sent to response read.",
+                DELIVERY_BUCKETS,
+            )?,
+            outbox_dead_letters: int_gauge(
+                &r,
+                "tombstoned_outbox_dead_letters",
+                "Outbox events the relay gave up on, until `tombstoned outbox requeue`.",
+            )?,
+            outbox_events_deleted: counter(
+                &r,
+                "tombstoned_outbox_events_deleted_total",
+                "Delivered outbox events deleted by retention (retention.outbox_keep_delivered).",
+            )?,
             registry: r,
         };
         for o in RUN_OUTCOMES {
@@ -318,6 +371,9 @@ impl Metrics {
                 m.http_connections_closed
                     .with_label_values(&[listener, reason]);
             }
+        }
+        for o in crate::outbox::policy::DELIVERY_OUTCOMES {
+            m.outbox_deliveries.with_label_values(&[o]);
         }
         let build_info = IntGaugeVec::new(
             Opts::new(
@@ -422,6 +478,8 @@ mod tests {
             "tombstoned_cleanup_runs_total{outcome=\"skipped_lease\"} 0",
             "tombstoned_claims_total{outcome=\"key_reused\"} 0",
             "tombstoned_cleanup_rows_tombstoned_total 0",
+            "tombstoned_outbox_deliveries_total{outcome=\"timeout\"} 0",
+            "tombstoned_outbox_dead_letters 0",
             "tombstoned_build_info{version=",
         ] {
             assert!(text.contains(needle), "missing {needle}");

@@ -11,6 +11,7 @@ use super::run::purge_before;
 use super::{report, sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, OnLocked, RetentionConfig};
 use crate::db;
+use crate::outbox::{inspect, OutboxCounts};
 
 /// Rows due for one tenant or operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -28,6 +29,21 @@ pub struct PurgePreview {
     pub purge_before: DateTime<Utc>,
     /// How many there are.
     pub tombstones_to_purge: u64,
+}
+
+/// The outbox as the dry run saw it, and what outbox retention would delete.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OutboxPreview {
+    /// Events neither delivered nor dead letters, dead letters, and the oldest pending event.
+    #[serde(flatten)]
+    pub counts: OutboxCounts,
+    /// Delivered events still stored.
+    pub delivered: u64,
+    /// Events delivered at or before this instant are retention candidates (`None`:
+    /// `retention.outbox_keep_delivered` is off, or no retention settings were given).
+    pub delete_before: Option<DateTime<Utc>>,
+    /// How many there are (dead letters and undelivered events never are).
+    pub events_to_delete: Option<u64>,
 }
 
 /// What a dry run found. Durations serialise as seconds.
@@ -59,6 +75,8 @@ pub struct DryRunReport {
     pub live_records: u64,
     /// The retention purge's candidates, when purge is configured.
     pub purge: Option<PurgePreview>,
+    /// The outbox: pending events, dead letters, delivered events and retention candidates.
+    pub outbox: OutboxPreview,
     /// `EXPLAIN` of the batch statement for the first batch (with `--explain`).
     pub plan: Option<String>,
 }
@@ -139,6 +157,29 @@ async fn read(
         None => None,
     };
 
+    let keep_delivered = retention.and_then(|r| r.outbox_keep_delivered);
+    let delete_before = keep_delivered.and_then(|keep| purge_before(cutoff, keep));
+    let events_to_delete = match delete_before {
+        Some(before) => Some(count(
+            client
+                .query_one(sql::DRY_RUN_OUTBOX_DELETABLE, &[&before])
+                .await?
+                .try_get(0)?,
+        )),
+        None => None,
+    };
+    let outbox = OutboxPreview {
+        counts: inspect::counts(client).await?,
+        delivered: count(
+            client
+                .query_one(sql::DRY_RUN_OUTBOX_DELIVERED, &[])
+                .await?
+                .try_get(0)?,
+        ),
+        delete_before,
+        events_to_delete,
+    };
+
     let plan = if explain {
         // Plain EXPLAIN: it plans without executing, which a READ ONLY transaction allows.
         let statement = match cleanup.on_locked {
@@ -176,6 +217,7 @@ async fn read(
         tombstones: count(totals.try_get(0)?),
         live_records: count(totals.try_get(1)?),
         purge,
+        outbox,
         plan,
     })
 }

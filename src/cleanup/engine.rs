@@ -33,6 +33,8 @@ pub(super) enum Phase {
     Tombstone,
     /// Old tombstones are deleted (index: `idempotency_records_purge_idx`).
     Purge,
+    /// Old delivered outbox events are deleted (index: `outbox_events_delivered_idx`).
+    OutboxRetention,
 }
 
 impl Phase {
@@ -40,6 +42,10 @@ impl Phase {
         match self {
             Phase::Tombstone => (sql::TOMBSTONE_BATCH, sql::TOMBSTONE_BATCH_SKIP_LOCKED),
             Phase::Purge => (sql::PURGE_BATCH, sql::PURGE_BATCH_SKIP_LOCKED),
+            Phase::OutboxRetention => (
+                sql::OUTBOX_RETENTION_BATCH,
+                sql::OUTBOX_RETENTION_BATCH_SKIP_LOCKED,
+            ),
         }
     }
 
@@ -47,6 +53,7 @@ impl Phase {
         match self {
             Phase::Tombstone => "running a tombstone batch",
             Phase::Purge => "running a purge batch",
+            Phase::OutboxRetention => "running an outbox retention batch",
         }
     }
 }
@@ -281,6 +288,7 @@ impl<'a> Engine<'a> {
                     match phase {
                         Phase::Tombstone => self.meter.tombstoned(rows.changed),
                         Phase::Purge => self.meter.purged(rows.changed),
+                        Phase::OutboxRetention => self.meter.outbox_deleted(rows.changed),
                     }
                     tracing::debug!(
                         ?phase,
@@ -390,6 +398,12 @@ impl Meter<'_> {
     fn purged(&self, rows: u64) {
         if let Some(m) = self.0 {
             m.tombstones_purged.inc_by(rows);
+        }
+    }
+
+    fn outbox_deleted(&self, rows: u64) {
+        if let Some(m) = self.0 {
+            m.outbox_events_deleted.inc_by(rows);
         }
     }
 

@@ -1,5 +1,6 @@
 //! The cleanup engine: batched, key-ordered tombstoning of expired idempotency records, the
-//! optional retention purge, the dry run, and the single-runner lease.
+//! optional retention purge, the optional retention of delivered outbox events, the dry run, and
+//! the single-runner lease.
 //!
 //! A record is *due* when `NOT expired AND replay_deadline <= cutoff`, the cutoff being the
 //! database clock read once when the run starts. [`run_once`] turns due records into tombstones
@@ -31,7 +32,9 @@ mod report;
 mod run;
 pub mod sql;
 
-pub use dry_run::{dry_run, dry_run_with_purge, DryRunReport, DueCount, PurgePreview};
+pub use dry_run::{
+    dry_run, dry_run_with_purge, DryRunReport, DueCount, OutboxPreview, PurgePreview,
+};
 pub use lease::{lease_key, Lease};
 pub use report::{RunOutcome, RunReport, StopReason};
 pub use run::{run_once, RunLimits};

@@ -82,6 +82,13 @@ pub struct RunReport {
     /// Tombstones that expired at or before this instant were purge candidates (`None`: purge
     /// is off, or the run stopped before the purge phase).
     pub purge_before: Option<DateTime<Utc>>,
+    /// Delivered outbox events deleted by retention (`retention.outbox_keep_delivered`).
+    pub outbox_events_deleted: u64,
+    /// Committed outbox retention batches that found events.
+    pub outbox_batches: u64,
+    /// Events delivered at or before this instant were deletion candidates (`None`: outbox
+    /// retention is off, or the run stopped before that phase).
+    pub outbox_delete_before: Option<DateTime<Utc>>,
     /// Wall time of the run.
     #[serde(rename = "duration_seconds", serialize_with = "seconds")]
     pub duration: Duration,
@@ -137,6 +144,9 @@ mod tests {
             tombstones_purged: 0,
             purge_batches: 0,
             purge_before: None,
+            outbox_events_deleted: 0,
+            outbox_batches: 0,
+            outbox_delete_before: None,
             duration: Duration::from_millis(1500),
             rows_per_second: 2.0,
             backlog_rows: 0,

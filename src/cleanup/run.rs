@@ -1,6 +1,6 @@
 //! One cleanup run ([`run_once`]): the cutoff, the tombstoning phase, the optional retention
-//! purge, the backlog left, and the [`RunReport`] it returns. The batches themselves are the
-//! [`super::engine`]'s.
+//! purge, the optional retention of delivered outbox events, the backlog left, and the
+//! [`RunReport`] it returns. The batches themselves are the [`super::engine`]'s.
 
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,9 @@ pub struct RunLimits {
 
 /// Runs one cleanup pass: reads the cutoff, tombstones every row due at it (batch by batch,
 /// until a batch finds nothing, `cleanup.max_run_time`, `limits.max_batches` or `shutdown`),
-/// purges old tombstones when `retention.purge_tombstones_after` is set, and counts the backlog
-/// left. Opens its own session (application_name `tombstoned/cleanup`), so a run after an outage
+/// purges old tombstones when `retention.purge_tombstones_after` is set, deletes old delivered
+/// outbox events when `retention.outbox_keep_delivered` is set, and counts the backlog left.
+/// Opens its own session (application_name `tombstoned/cleanup`), so a run after an outage
 /// simply reconnects. Does not take the single-runner lease: that is the caller's choice
 /// ([`super::Lease`]); two runs at once are safe, only wasteful.
 ///
@@ -57,6 +58,7 @@ pub async fn run_once(
                 rows_skipped = report.rows_skipped,
                 retries = report.retries,
                 tombstones_purged = report.tombstones_purged,
+                outbox_events_deleted = report.outbox_events_deleted,
                 backlog_rows = report.backlog_rows,
                 duration_seconds = report.duration.as_secs_f64(),
                 rows_per_second = report.rows_per_second.round(),
@@ -112,6 +114,15 @@ async fn run_inner(
             stopped = purging.stopped;
         }
     }
+    let mut outbox_bound = None;
+    let mut outbox = PhaseResult::default();
+    if let (None, Some(keep)) = (stopped, retention.outbox_keep_delivered) {
+        if let Some(before) = purge_before(cutoff, keep) {
+            outbox_bound = Some(before);
+            outbox = engine.phase(Phase::OutboxRetention, before).await?;
+            stopped = outbox.stopped;
+        }
+    }
 
     let (backlog_rows, oldest_due_deadline) =
         backlog(client, cutoff, tombstoning.left.ranges()).await?;
@@ -134,12 +145,15 @@ async fn run_inner(
         cutoff,
         rows_tombstoned: tombstoning.changed,
         batches: tombstoning.batches,
-        lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts,
+        lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts + outbox.lock_timeouts,
         rows_skipped: tombstoning.rows_skipped,
         retries: engine.retries,
         tombstones_purged: purging.changed,
         purge_batches: purging.batches,
         purge_before: purge_bound,
+        outbox_events_deleted: outbox.changed,
+        outbox_batches: outbox.batches,
+        outbox_delete_before: outbox_bound,
         duration,
         rows_per_second: per_second(tombstoning.changed, duration),
         backlog_rows,
@@ -152,8 +166,9 @@ async fn run_inner(
     })
 }
 
-/// The instant tombstones must have expired at or before to be purged: "older than
-/// `purge_after`" is strict, and the index range inclusive, hence the microsecond.
+/// The instant tombstones must have expired at or before to be purged (or outbox events been
+/// delivered at or before to be deleted): "older than `purge_after`" is strict, and the index
+/// range inclusive, hence the microsecond.
 pub(crate) fn purge_before(cutoff: DateTime<Utc>, after: Duration) -> Option<DateTime<Utc>> {
     TimeDelta::from_std(after)
         .ok()

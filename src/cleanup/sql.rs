@@ -8,7 +8,8 @@
 //!
 //! # The batch statements
 //!
-//! Both phases (tombstoning, and the optional retention purge) run the same shape of statement,
+//! Every phase (tombstoning, the optional retention purge of tombstones, and the optional
+//! retention of delivered outbox events) runs the same shape of statement,
 //! one per batch transaction, taking `$1` the due bound used for the re-check after locking,
 //! `$2` where this batch starts in the index (inclusive; `NULL` = from the beginning), `$3`
 //! where it must stop (inclusive, never past `$1`) and `$4` the batch size. Each returns one row:
@@ -17,7 +18,8 @@
 //! them; see [`crate::cleanup`] for how each is counted once).
 //!
 //! * `picked`: the oldest due rows through the partial index (`WHERE NOT expired` for
-//!   tombstoning, `WHERE expired` for purging), `LIMIT $4`, from the keyset position `$2`, so a
+//!   tombstoning, `WHERE expired` for purging, `WHERE published_at IS NOT NULL` for outbox
+//!   retention), `LIMIT $4`, from the keyset position `$2`, so a
 //!   batch never steps over the entries earlier batches of the run left dead in the index.
 //!   Materialised: the index is read once.
 //! * `changed`: ONE `UPDATE` (or `DELETE`) joined on `ctid` to the picked rows sorted by primary
@@ -181,6 +183,66 @@ SELECT s.picked,
        - (SELECT count(*) FROM picked WHERE expired_at < s.last) AS passed_over
 FROM summary AS s";
 
+/// Delete one batch of delivered outbox events (`retention.outbox_keep_delivered`), waiting
+/// for held rows. Same shape as [`PURGE_BATCH`], on `outbox_events_delivered_idx`
+/// (`published_at WHERE published_at IS NOT NULL`), row locks taken in `event_id` order. Only a
+/// delivered event can match: pending events and dead letters have no `published_at`.
+pub const OUTBOX_RETENTION_BATCH: &str = "\
+WITH picked AS MATERIALIZED (
+    SELECT ctid AS tid, event_id, published_at
+    FROM outbox_events
+    WHERE published_at IS NOT NULL
+      AND published_at >= coalesce($2::timestamptz, '-infinity')
+      AND published_at <= $3::timestamptz
+    ORDER BY published_at
+    LIMIT $4
+),
+changed AS (
+    DELETE FROM outbox_events AS r
+    USING (SELECT tid FROM picked ORDER BY event_id) AS k
+    WHERE r.ctid = k.tid
+      AND r.published_at IS NOT NULL
+      AND r.published_at <= $1::timestamptz
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM picked) AS picked,
+       (SELECT count(*) FROM changed) AS changed,
+       (SELECT max(published_at) FROM picked) AS last";
+
+/// Delete one batch of delivered outbox events without waiting; see
+/// [`TOMBSTONE_BATCH_SKIP_LOCKED`].
+pub const OUTBOX_RETENTION_BATCH_SKIP_LOCKED: &str = "\
+WITH picked AS MATERIALIZED (
+    SELECT ctid AS tid, published_at
+    FROM outbox_events
+    WHERE published_at IS NOT NULL
+      AND published_at >= coalesce($2::timestamptz, '-infinity')
+      AND published_at <= $3::timestamptz
+    ORDER BY published_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+),
+changed AS (
+    DELETE FROM outbox_events AS r
+    USING picked AS k
+    WHERE r.ctid = k.tid
+      AND r.published_at IS NOT NULL
+      AND r.published_at <= $1::timestamptz
+    RETURNING 1
+),
+summary AS (
+    SELECT count(*) AS picked, max(published_at) AS last FROM picked
+)
+SELECT s.picked,
+       (SELECT count(*) FROM changed) AS changed,
+       s.last,
+       (SELECT count(*) FROM outbox_events
+        WHERE published_at IS NOT NULL
+          AND published_at >= coalesce($2::timestamptz, '-infinity')
+          AND published_at < coalesce(s.last, $3::timestamptz + interval '1 microsecond'))
+       - (SELECT count(*) FROM picked WHERE published_at < s.last) AS passed_over
+FROM summary AS s";
+
 /// Due rows still there in one deadline range `[$1, $2]` (`$1` NULL = from the beginning): the
 /// backlog a run leaves, counted only over the ranges where the run knows rows may remain, so the
 /// count does not walk the index entries the run itself just left dead.
@@ -223,3 +285,12 @@ SELECT (SELECT count(*) FROM idempotency_records WHERE expired) AS tombstones,
 /// Dry run: tombstones a purge would delete (`expired_at <= $1`).
 pub const DRY_RUN_PURGEABLE: &str = "\
 SELECT count(*) FROM idempotency_records WHERE expired AND expired_at <= $1::timestamptz";
+
+/// Dry run: delivered outbox events in total (through the delivered index).
+pub const DRY_RUN_OUTBOX_DELIVERED: &str =
+    "SELECT count(*) FROM outbox_events WHERE published_at IS NOT NULL";
+
+/// Dry run: delivered outbox events retention would delete (`published_at <= $1`).
+pub const DRY_RUN_OUTBOX_DELETABLE: &str = "\
+SELECT count(*) FROM outbox_events
+WHERE published_at IS NOT NULL AND published_at <= $1::timestamptz";

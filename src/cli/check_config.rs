@@ -63,6 +63,7 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
         config.api.listen,
         config.metrics.listen
     );
+    let _ = writeln!(out, "outbox: {}", super::outbox::check_line(config)?);
     let now = chrono::Utc::now();
     let _ = writeln!(
         out,

@@ -160,6 +160,20 @@ pub(crate) fn render_run(r: &RunReport) -> String {
             let _ = writeln!(out, "  purge             off");
         }
     }
+    match r.outbox_delete_before {
+        Some(before) => {
+            let _ = writeln!(
+                out,
+                "  outbox retention  {} events delivered before {} deleted in {} batches",
+                r.outbox_events_deleted,
+                timestamp(before),
+                r.outbox_batches
+            );
+        }
+        None => {
+            let _ = writeln!(out, "  outbox retention  off");
+        }
+    }
     out
 }
 
@@ -197,6 +211,29 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
         }
         None => {
             let _ = writeln!(out, "  purge             off");
+        }
+    }
+    let o = &r.outbox;
+    let oldest = o
+        .counts
+        .oldest_pending_created_at
+        .map(|_| format!(" (oldest {} old)", age(o.counts.oldest_pending_age)))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  outbox            {} pending{oldest}, {} dead letters, {} delivered",
+        o.counts.pending, o.counts.dead_letters, o.delivered
+    );
+    match (o.delete_before, o.events_to_delete) {
+        (Some(before), Some(n)) => {
+            let _ = writeln!(
+                out,
+                "  outbox retention  {n} events delivered before {} would be deleted",
+                timestamp(before)
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "  outbox retention  off");
         }
     }
     for (title, list) in [
@@ -242,6 +279,9 @@ mod tests {
             tombstones_purged: 0,
             purge_batches: 0,
             purge_before: None,
+            outbox_events_deleted: 4,
+            outbox_batches: 1,
+            outbox_delete_before: Some(t(-86400)),
             duration: Duration::from_millis(250),
             rows_per_second: 4800.0,
             backlog_rows: 7,
@@ -262,6 +302,8 @@ mod tests {
             "rows/s            4800",
             "backlog left      7 rows (oldest overdue by 1h 1m 40s)",
             "purge             off",
+            "outbox retention  4 events delivered before 2027-01-14T08:00:00.000Z \
+             deleted in 1 batches",
         ] {
             assert!(text.contains(needle), "{needle:?} missing from\n{text}");
         }
@@ -287,6 +329,18 @@ mod tests {
             tombstones: 10,
             live_records: 3000,
             purge: None,
+            outbox: crate::cleanup::OutboxPreview {
+                counts: crate::outbox::OutboxCounts {
+                    pending: 3,
+                    in_flight: 1,
+                    dead_letters: 2,
+                    oldest_pending_created_at: Some(t(-125)),
+                    oldest_pending_age: Duration::from_secs(125),
+                },
+                delivered: 40,
+                delete_before: None,
+                events_to_delete: None,
+            },
             plan: Some("Nested Loop\n  ->  Sort".into()),
         });
         for needle in [
@@ -297,6 +351,8 @@ mod tests {
             "live records      3000",
             "2000  acme",
             "2500  create-order",
+            "outbox            3 pending (oldest 2m 5s old), 2 dead letters, 40 delivered",
+            "outbox retention  off",
             "    Nested Loop",
         ] {
             assert!(text.contains(needle), "{needle:?} missing from\n{text}");

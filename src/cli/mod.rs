@@ -7,6 +7,7 @@ mod check_config;
 mod cleanup;
 mod demo;
 mod migrate;
+mod outbox;
 mod serve;
 
 use std::io::Write as _;
@@ -60,6 +61,9 @@ pub enum Command {
     CheckConfig,
     /// Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step.
     Demo(DemoArgs),
+    /// Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters.
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
 }
 
 /// `tombstoned cleanup`
@@ -180,6 +184,11 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if cause.is::<db::connect::ConnectError>() {
             return Exit::Unavailable;
         }
+        if let Some(e) = cause.downcast_ref::<crate::outbox::OutboxError>() {
+            if e.is_configuration() {
+                return Exit::Usage;
+            }
+        }
         if let Some(db) = cause.downcast_ref::<DbError>() {
             return match db.class() {
                 ErrorClass::Unavailable => Exit::Unavailable,
@@ -244,6 +253,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Migrate(args) => runtime()?.block_on(migrate::run(&config, args)),
         Command::Cleanup(args) => runtime()?.block_on(cleanup::run(&config, &args)),
         Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
+        Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
         Command::Demo(_) => unreachable!("handled above"),
     }
 }

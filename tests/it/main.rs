@@ -23,6 +23,8 @@ mod harness;
 mod multihost;
 mod ops_server;
 mod ops_support;
+mod outbox;
+mod outbox_support;
 mod prometheus;
 mod readiness;
 mod replay_locks;

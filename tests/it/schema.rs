@@ -16,17 +16,17 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
     let client = db.client().await;
     let before = migrations::status(&client, "tombstoned").await.unwrap();
     assert!(before.applied.is_empty());
-    assert_eq!(before.pending.len(), 1, "{before:?}");
+    assert_eq!(before.pending.len(), 2, "{before:?}");
     assert!(before.problem().unwrap().contains("tombstoned migrate"));
 
     let first = migrations::migrate(&config.database).await.unwrap();
-    assert_eq!(first.iter().map(|m| m.version).collect::<Vec<_>>(), [1]);
+    assert_eq!(first.iter().map(|m| m.version).collect::<Vec<_>>(), [1, 2]);
     let second = migrations::migrate(&config.database).await.unwrap();
     assert!(second.is_empty(), "second run applied {second:?}");
 
     let after = migrations::status(&client, "tombstoned").await.unwrap();
     assert!(after.is_current(), "{after:?}");
-    assert_eq!(after.applied.len(), 1);
+    assert_eq!(after.applied.len(), 2);
 }
 
 #[tokio::test]
@@ -47,14 +47,14 @@ async fn concurrent_migrate_runs_are_serialised() {
             .expect("every concurrent run succeeds")
             .len();
     }
-    assert_eq!(applied, 1, "exactly one run applies V1");
+    assert_eq!(applied, 2, "V1 and V2 are each applied by exactly one run");
     let client = db.client().await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 1);
+    assert_eq!(rows, 2);
 }
 
 #[tokio::test]
@@ -163,6 +163,36 @@ async fn tables_have_the_documented_columns() {
         (
             "outbox_events",
             "published_at",
+            "timestamp with time zone",
+            "YES",
+        ),
+        // V2: the relay's columns.
+        ("outbox_events", "sequence", "integer", "NO"),
+        ("outbox_events", "attempts", "integer", "NO"),
+        (
+            "outbox_events",
+            "next_attempt_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        (
+            "outbox_events",
+            "locked_until",
+            "timestamp with time zone",
+            "YES",
+        ),
+        ("outbox_events", "locked_by", "text", "YES"),
+        (
+            "outbox_events",
+            "last_attempt_at",
+            "timestamp with time zone",
+            "YES",
+        ),
+        ("outbox_events", "last_status", "smallint", "YES"),
+        ("outbox_events", "last_error", "text", "YES"),
+        (
+            "outbox_events",
+            "dead_lettered_at",
             "timestamp with time zone",
             "YES",
         ),

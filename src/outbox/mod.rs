@@ -1,0 +1,224 @@
+//! The outbox relay: delivers every `outbox_events` row to a webhook endpoint at least once, in
+//! order per business object, with the event's id as the receiver's deduplication key
+//! (docs/protocol.md, "Outbox"; README "Outbox delivery").
+//!
+//! One delivery, as the database sees it:
+//!
+//! 1. **Pick** — one statement, so one short transaction ([`sql::PICK`]): the oldest due events
+//!    (`created_at` order) whose every lower-sequence event of the same order is delivered, locked
+//!    `FOR UPDATE SKIP LOCKED` so relays never wait on each other, and leased: `locked_by` = this
+//!    relay's instance id, `locked_until` = now + `outbox.lease_duration`, `attempts + 1`. It
+//!    commits before anything is sent.
+//! 2. **Send** — the HTTP POST ([`webhook`]), with no transaction open, bounded by
+//!    `outbox.request_timeout`. The lease outlasts it (validated: at least twice the timeout), so
+//!    no other relay picks the event while it is in flight.
+//! 3. **Record** — one guarded statement: delivered (2xx), retry later with backoff, or dead
+//!    letter ([`policy`]); it applies only while `locked_by` and `attempts` still name this lease.
+//!
+//! A relay that dies between 2 and 3 leaves the lease to expire; the event is then sent again
+//! with the same `webhook-id`. That is the at-least-once window, and why receivers deduplicate
+//! on that id in the same transaction as their own change.
+//!
+//! Modules: [`settings`] (the `[outbox]` section), [`sql`] (every statement), [`webhook`]
+//! (Standard Webhooks signing and the HTTP client), [`policy`] (what an answer means, backoff),
+//! [`relay`] (one pass, the one-shot drain and the `serve` loop), [`inspect`] (listing, requeue,
+//! dry run and counts). The relay never prints; `tombstoned outbox` does (`crate::outbox_cli`).
+
+pub mod inspect;
+pub mod policy;
+pub mod relay;
+pub mod settings;
+pub mod sql;
+pub mod webhook;
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::db::{DbError, ErrorClass};
+
+pub use inspect::{EventState, EventSummary, OutboxCounts, RequeueReport, RequeueTarget};
+pub use policy::{Decision, DeliveryOutcome};
+pub use relay::{PassReport, Relay};
+pub use settings::{MaxAttempts, OutboxConfig};
+pub use webhook::{Attempt, AttemptResult, Secret, SecretError, WebhookClient};
+
+/// Why the relay (or an outbox command) could not do its work.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// A key the operation needs is not set.
+    #[error("{key} is not set")]
+    NotConfigured {
+        /// The dotted key.
+        key: &'static str,
+    },
+    /// The webhook secret file is missing, unsafe or malformed.
+    #[error("cannot use the webhook secret file {path} (outbox.secret_file)")]
+    Secret {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: SecretError,
+    },
+    /// The CA file cannot be read or holds no certificate.
+    #[error("cannot use outbox.ca_file {path}: {reason}")]
+    CaFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The HTTP client could not be built (TLS set-up).
+    #[error("cannot build the webhook HTTP client")]
+    Client(#[source] reqwest::Error),
+    /// The relay's database session could not be opened.
+    #[error("cannot open the outbox database session")]
+    Connect(#[source] DbError),
+    /// A statement failed.
+    #[error("outbox relay failed while {step}")]
+    Database {
+        /// What the relay was doing.
+        step: &'static str,
+        /// The database error.
+        #[source]
+        source: DbError,
+    },
+}
+
+impl OutboxError {
+    /// True for problems the operator fixes in the configuration (exit status 64).
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            OutboxError::NotConfigured { .. }
+                | OutboxError::Secret { .. }
+                | OutboxError::CaFile { .. }
+                | OutboxError::Client(_)
+        )
+    }
+
+    /// The database error's class, when there is one.
+    pub fn class(&self) -> Option<ErrorClass> {
+        match self {
+            OutboxError::Connect(e) | OutboxError::Database { source: e, .. } => Some(e.class()),
+            _ => None,
+        }
+    }
+
+    /// The SQLSTATE class for `tombstoned_db_errors_total`, when a database error is behind it.
+    pub fn sqlstate_class(&self) -> Option<&str> {
+        match self {
+            OutboxError::Connect(e) | OutboxError::Database { source: e, .. } => {
+                Some(e.sqlstate_class())
+            }
+            _ => None,
+        }
+    }
+
+    fn query(step: &'static str) -> impl FnOnce(tokio_postgres::Error) -> OutboxError {
+        move |e| OutboxError::Database {
+            step,
+            source: DbError::Query(e),
+        }
+    }
+}
+
+/// One event as the relay sends it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// The stable identity: `webhook-id`, the receivers' deduplication key.
+    pub event_id: Uuid,
+    /// The tenant the order belongs to.
+    pub tenant_id: String,
+    /// The business object.
+    pub order_id: Uuid,
+    /// e.g. `order.created`.
+    pub event_type: String,
+    /// The event's place among its order's events, from 1.
+    pub sequence: i32,
+    /// The event's data (for `order.created`: the order and the request's metadata).
+    pub payload: serde_json::Value,
+    /// When the event (and the business change) committed.
+    pub created_at: DateTime<Utc>,
+    /// Attempts including the one this lease is for.
+    pub attempts: i32,
+}
+
+/// The JSON body of a delivery; field order is fixed, so every attempt sends the same bytes.
+#[derive(Serialize)]
+struct Body<'a> {
+    event_id: Uuid,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    sequence: i32,
+    order_id: Uuid,
+    tenant_id: &'a str,
+    created_at: String,
+    data: &'a serde_json::Value,
+}
+
+impl Event {
+    /// The request body (README "Outbox delivery" documents it):
+    /// `{"event_id", "type", "sequence", "order_id", "tenant_id", "created_at", "data"}`.
+    pub fn body(&self) -> Vec<u8> {
+        let body = Body {
+            event_id: self.event_id,
+            event_type: &self.event_type,
+            sequence: self.sequence,
+            order_id: self.order_id,
+            tenant_id: &self.tenant_id,
+            created_at: self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+            data: &self.payload,
+        };
+        // Serialising a struct of strings, integers and a `Value` cannot fail.
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, tokio_postgres::Error> {
+        Ok(Event {
+            event_id: row.try_get("event_id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            order_id: row.try_get("order_id")?,
+            event_type: row.try_get("event_type")?,
+            sequence: row.try_get("sequence")?,
+            payload: row.try_get("payload")?,
+            created_at: row.try_get("created_at")?,
+            attempts: row.try_get("attempts")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_names_identity_type_sequence_order_and_data() {
+        let event = Event {
+            event_id: Uuid::from_u128(1),
+            tenant_id: "acme".into(),
+            order_id: Uuid::from_u128(2),
+            event_type: "order.created".into(),
+            sequence: 1,
+            payload: serde_json::json!({"order": {"item": "book"}, "metadata": {}}),
+            created_at: DateTime::from_timestamp(1_800_000_000, 123_456_000).unwrap(),
+            attempts: 3,
+        };
+        let text = String::from_utf8(event.body()).unwrap();
+        assert_eq!(
+            text,
+            "{\"event_id\":\"00000000-0000-0000-0000-000000000001\",\"type\":\"order.created\",\
+             \"sequence\":1,\"order_id\":\"00000000-0000-0000-0000-000000000002\",\
+             \"tenant_id\":\"acme\",\"created_at\":\"2027-01-15T08:00:00.123456Z\",\
+             \"data\":{\"metadata\":{},\"order\":{\"item\":\"book\"}}}"
+        );
+        assert_eq!(
+            event.body(),
+            event.body(),
+            "every attempt sends the same bytes"
+        );
+    }
+}
