@@ -81,6 +81,9 @@ pub enum Command {
     CheckConfig,
     /// Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step.
     Demo(DemoArgs),
+    /// Write the man pages or the shell completions (for packagers; see `dist/`).
+    #[command(hide = true)]
+    Generate(crate::generate::GenerateArgs),
 }
 
 /// `tombstoned cleanup`
@@ -255,6 +258,12 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
             });
         }
     }
+    if let Command::Generate(args) = &cli.command {
+        for path in crate::generate::run(<Cli as clap::CommandFactory>::command(), args)? {
+            println!("wrote {}", path.display());
+        }
+        return Ok(Exit::Success);
+    }
     if let Command::Demo(args) = cli.command {
         // The demo makes its own configuration around a throwaway cluster.
         return runtime()?.block_on(crate::demo::run(args));
@@ -265,7 +274,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Migrate(args) => runtime()?.block_on(migrate(&config, args)),
         Command::Cleanup(args) => runtime()?.block_on(crate::cleanup::command(&config, &args)),
         Command::Serve => runtime()?.block_on(crate::daemon::serve(config, cli.config)),
-        Command::Demo(_) => unreachable!("handled above"),
+        Command::Demo(_) | Command::Generate(_) => unreachable!("handled above"),
     }
 }
 

@@ -20,7 +20,8 @@
 //! * [`readiness`] — is the database reachable and the schema current (`/readyz`, watchdog);
 //! * [`ops_server`] — the metrics and health listener (`/metrics`, `/healthz`, `/readyz`);
 //! * [`systemd`] — sd_notify readiness, status and the watchdog;
-//! * [`cli`] — the command line and its exit codes;
+//! * [`cli`] — the command line and its exit codes; [`generate`] — its man pages and shell
+//!   completions;
 //! * [`claim`] — the claim/replay transaction and its [`claim::ClaimOutcome`];
 //! * [`http`] — the HTTP API around it; [`auth`] — bearer tokens; [`order_request`] — request
 //!   validation; [`money`] — currencies and amounts; [`fingerprint`] — the intent's fingerprint;
@@ -37,6 +38,7 @@ pub mod daemon;
 pub mod db;
 pub mod demo;
 pub mod fingerprint;
+pub mod generate;
 pub mod http;
 pub mod lookup;
 pub mod metrics;

@@ -13,6 +13,7 @@ mod cleanup_support;
 mod daemon;
 mod daemon_support;
 mod demo;
+mod dist;
 mod harness;
 mod ops_server;
 mod ops_support;
