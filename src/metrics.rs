@@ -60,9 +60,13 @@ pub struct Metrics {
     pub http_request_duration: HistogramVec,
     /// `tombstoned_claims_total{outcome}` (see [`CLAIM_OUTCOMES`]).
     pub claims: IntCounterVec,
+    /// `tombstoned_http_requests_in_flight`: API requests received and not yet answered.
+    pub http_requests_in_flight: IntGauge,
 
     /// `tombstoned_db_pool_connections{state}`: `in_use`, `idle`, `max`.
     pub db_pool_connections: IntGaugeVec,
+    /// `tombstoned_db_pool_waiting`: API requests waiting for a pool connection.
+    pub db_pool_waiting: IntGauge,
     /// `tombstoned_db_errors_total{sqlstate_class}`
     pub db_errors: IntCounterVec,
 }
@@ -223,6 +227,11 @@ impl Metrics {
                  duplicate_request, rejected (business rule), invalid (validation).",
                 &["outcome"],
             )?,
+            http_requests_in_flight: int_gauge(
+                &r,
+                "tombstoned_http_requests_in_flight",
+                "API requests received and not yet answered.",
+            )?,
             db_pool_connections: {
                 let g = IntGaugeVec::new(
                     Opts::new(
@@ -234,6 +243,12 @@ impl Metrics {
                 r.register(Box::new(g.clone()))?;
                 g
             },
+            db_pool_waiting: int_gauge(
+                &r,
+                "tombstoned_db_pool_waiting",
+                "API requests waiting for a connection of the API pool (all in use), at the \
+                 last request or scrape.",
+            )?,
             db_errors: counter_vec(
                 &r,
                 "tombstoned_db_errors_total",
@@ -305,6 +320,8 @@ mod tests {
             "tombstoned_cleanup_runs_total{outcome=\"skipped_lease\"} 0",
             "tombstoned_claims_total{outcome=\"key_reused\"} 0",
             "tombstoned_cleanup_rows_tombstoned_total 0",
+            "tombstoned_http_requests_in_flight 0",
+            "tombstoned_db_pool_waiting 0",
             "tombstoned_build_info{version=",
         ] {
             assert!(text.contains(needle), "missing {needle}");

@@ -65,7 +65,8 @@ impl OpsState {
     }
 }
 
-/// Sets `tombstoned_db_pool_connections{state="in_use"|"idle"|"max"}` from a pool's status.
+/// Sets `tombstoned_db_pool_connections{state="in_use"|"idle"|"max"}` and
+/// `tombstoned_db_pool_waiting` from a pool's status.
 pub fn record_pool_status(metrics: &Metrics, status: deadpool_postgres::Status) {
     let gauge = |state: &str, value: usize| {
         metrics
@@ -76,6 +77,9 @@ pub fn record_pool_status(metrics: &Metrics, status: deadpool_postgres::Status) 
     gauge("in_use", status.size.saturating_sub(status.available));
     gauge("idle", status.available);
     gauge("max", status.max_size);
+    metrics
+        .db_pool_waiting
+        .set(i64::try_from(status.waiting).unwrap_or(i64::MAX));
 }
 
 /// The routes: `/metrics`, `/healthz`, `/readyz`; anything else is 404.

@@ -86,6 +86,18 @@ impl ApiState {
         )
         .map_err(ApiError::Pool)?;
         let live = build_live(config, None)?;
+        // Every documented (route, method, status) exists at 0 from the first scrape on, so that
+        // the first 429 or 503 after a start shows in rate() and increase() (a series that
+        // appears at 1 looks like no increase).
+        for route in super::ROUTES {
+            for status in route.statuses {
+                metrics.http_requests.with_label_values(&[
+                    route.path,
+                    route.method,
+                    &status.to_string(),
+                ]);
+            }
+        }
         tracing::info!(
             tokens = live.tokens.len(),
             file = %live.tokens_file.display(),
@@ -161,7 +173,8 @@ impl ApiState {
         self.inner.tasks.reopen();
     }
 
-    /// Updates `tombstoned_db_pool_connections{state}` from the pool.
+    /// Updates `tombstoned_db_pool_connections{state}` and `tombstoned_db_pool_waiting` from the
+    /// pool.
     pub fn refresh_pool_metrics(&self) {
         let status = self.inner.pool.status();
         let gauge = &self.inner.metrics.db_pool_connections;
@@ -175,6 +188,10 @@ impl ApiState {
         gauge
             .with_label_values(&["max"])
             .set(i64::try_from(status.max_size).unwrap_or(i64::MAX));
+        self.inner
+            .metrics
+            .db_pool_waiting
+            .set(i64::try_from(status.waiting).unwrap_or(i64::MAX));
     }
 }
 
