@@ -12,6 +12,7 @@ mod cleanup;
 mod cleanup_support;
 mod daemon;
 mod daemon_support;
+mod dashboard;
 mod demo;
 mod dist;
 mod harness;
