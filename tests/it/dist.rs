@@ -104,3 +104,26 @@ fn groff(page: &Path) -> std::process::Output {
             )
         })
 }
+
+/// The package's changelog names the crate's version (cargo deb takes the version from
+/// Cargo.toml; the changelog must agree).
+#[test]
+fn the_debian_changelog_is_at_the_crate_version() {
+    let changelog = std::fs::read_to_string(repo_root().join("dist/debian/changelog")).unwrap();
+    let first = changelog.lines().next().unwrap();
+    let expected = format!("tombstoned ({}) ", env!("CARGO_PKG_VERSION"));
+    assert!(
+        first.starts_with(&expected),
+        "dist/debian/changelog starts with {first:?}; add an entry for {expected:?}"
+    );
+}
+
+/// The tokens file the package installs in /etc parses, and grants nothing until the operator
+/// adds a token.
+#[test]
+fn the_packaged_tokens_file_is_valid_and_empty() {
+    let path = repo_root().join("dist/debian/tokens.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let tokens = tombstoned::auth::TokenSet::parse(&text, &path).unwrap();
+    assert!(tokens.is_empty());
+}
