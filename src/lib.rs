@@ -11,7 +11,8 @@
 //! Modules, one concept each, in layers whose dependencies run one way (downwards):
 //!
 //! * edge: [`cli`] — arguments, logging, one file per command, the error → exit status mapping
-//!   and the one error printer; only `main.rs` uses it. [`stdout`] — printing that a closed pipe
+//!   and the one error printer, the hidden `generate` of man pages and completions; only
+//!   `main.rs` uses it. [`stdout`] — printing that a closed pipe
 //!   ends quietly;
 //! * composition: [`daemon`] — `serve`: builds the services, signals, reload, ordered shutdown;
 //!   [`signals`] — SIGTERM/SIGINT as a graceful stop, a second one exits 130;

@@ -85,7 +85,11 @@ pub struct Metrics {
     /// [`CONNECTION_CLOSE_REASONS`]); connections the client closed are not counted.
     pub http_connections_closed: IntCounterVec,
 
-    /// `tombstoned_db_pool_connections{state}`: read from the pool at each scrape.
+    /// `tombstoned_http_requests_in_flight`: API requests received and not yet answered.
+    pub http_requests_in_flight: IntGauge,
+
+    /// `tombstoned_db_pool_connections{state}` and `tombstoned_db_pool_waiting`: read from the
+    /// pool at each scrape.
     db_pool_connections: PoolConnections,
     /// `tombstoned_db_errors_total{sqlstate_class}`
     pub db_errors: IntCounterVec,
@@ -263,6 +267,11 @@ impl Metrics {
                  duplicate_request, rejected (business rule), invalid (validation).",
                 &["outcome"],
             )?,
+            http_requests_in_flight: int_gauge(
+                &r,
+                "tombstoned_http_requests_in_flight",
+                "API requests received and not yet answered.",
+            )?,
             http_connections: {
                 let g = IntGaugeVec::new(
                     Opts::new(
@@ -303,6 +312,11 @@ impl Metrics {
                             "API pool connections by state: in_use, idle, max.",
                         ),
                         &["state"],
+                    )?,
+                    waiting: IntGauge::new(
+                        "tombstoned_db_pool_waiting",
+                        "API requests waiting for a connection of the API pool (all in use), at \
+                         the scrape.",
                     )?,
                     pool: Arc::new(RwLock::new(None)),
                 };
@@ -426,6 +440,7 @@ impl Metrics {
 #[derive(Clone)]
 struct PoolConnections {
     gauge: IntGaugeVec,
+    waiting: IntGauge,
     pool: Arc<RwLock<Option<Pool>>>,
 }
 
@@ -440,22 +455,30 @@ impl PoolConnections {
         set("in_use", status.size.saturating_sub(status.available));
         set("idle", status.available);
         set("max", status.max_size);
+        self.waiting
+            .set(i64::try_from(status.waiting).unwrap_or(i64::MAX));
     }
 }
 
 impl Collector for PoolConnections {
     fn desc(&self) -> Vec<&Desc> {
-        self.gauge.desc()
+        let mut descs = self.gauge.desc();
+        descs.extend(self.waiting.desc());
+        descs
     }
 
+    /// The connections by state only once a pool is observed; the waiting count always (0
+    /// without a pool), so a dashboard's panel has a series from the start.
     fn collect(&self) -> Vec<MetricFamily> {
         let pool = self.pool.read().unwrap_or_else(PoisonError::into_inner);
         match pool.as_ref() {
             Some(pool) => {
                 self.record(pool.status());
-                self.gauge.collect()
+                let mut families = self.gauge.collect();
+                families.extend(self.waiting.collect());
+                families
             }
-            None => Vec::new(),
+            None => self.waiting.collect(),
         }
     }
 }
@@ -480,6 +503,8 @@ mod tests {
             "tombstoned_cleanup_rows_tombstoned_total 0",
             "tombstoned_outbox_deliveries_total{outcome=\"timeout\"} 0",
             "tombstoned_outbox_dead_letters 0",
+            "tombstoned_http_requests_in_flight 0",
+            "tombstoned_db_pool_waiting 0",
             "tombstoned_build_info{version=",
         ] {
             assert!(text.contains(needle), "missing {needle}");

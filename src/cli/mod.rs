@@ -6,6 +6,7 @@
 mod check_config;
 mod cleanup;
 mod demo;
+pub mod generate;
 mod migrate;
 mod outbox;
 mod serve;
@@ -20,7 +21,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::{Config, ConfigError, Override};
 use crate::db::{self, migrations, DbError, ErrorClass};
 use crate::exit::Exit;
-use crate::stdout::StdoutError;
+use crate::stdout::{self, StdoutError};
 
 /// tombstoned: idempotency records that stay honest over time.
 #[derive(Debug, Parser)]
@@ -64,6 +65,9 @@ pub enum Command {
     /// Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
+    /// Write the man pages or the shell completions (for packagers; see `dist/`).
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 /// `tombstoned cleanup`
@@ -243,6 +247,14 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
             });
         }
     }
+    if let Command::Generate(args) = &cli.command {
+        let mut written = String::new();
+        for path in generate::run(<Cli as clap::CommandFactory>::command(), args)? {
+            written.push_str(&format!("wrote {}\n", path.display()));
+        }
+        stdout::print(&written)?;
+        return Ok(Exit::Success);
+    }
     if let Command::Demo(args) = cli.command {
         // The demo makes its own configuration around a throwaway cluster.
         return runtime()?.block_on(demo::run(args));
@@ -254,7 +266,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Cleanup(args) => runtime()?.block_on(cleanup::run(&config, &args)),
         Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
         Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
-        Command::Demo(_) => unreachable!("handled above"),
+        Command::Demo(_) | Command::Generate(_) => unreachable!("handled above"),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Per-request bookkeeping around every route: `tombstoned_http_requests_total{route,method,status}`
 //! and `tombstoned_http_request_duration_seconds{route}` labelled with the route *template* (never
-//! a raw path, key or id), `Cache-Control: no-store`, and one log line per request at debug level
-//! (no keys, tokens or bodies).
+//! a raw path, key or id), `tombstoned_http_requests_in_flight`, the pool gauges, `Cache-Control: no-store`, and one log line per
+//! request at debug level (no keys, tokens or bodies).
 
 use std::time::Instant;
 
@@ -48,8 +48,26 @@ pub(crate) fn is_documented(route: &str, method: &str, status: u16) -> bool {
         .any(|r| r.path == route && r.method == method && r.statuses.contains(&status))
 }
 
+/// Counts a request in `tombstoned_http_requests_in_flight` until it is dropped: when the
+/// response is ready, or when the client goes away and the request's future is dropped.
+struct InFlight(prometheus::IntGauge);
+
+impl InFlight {
+    fn enter(gauge: &prometheus::IntGauge) -> Self {
+        gauge.inc();
+        InFlight(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// The middleware.
 pub(crate) async fn track(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let _in_flight = InFlight::enter(&state.metrics().http_requests_in_flight);
     let started = Instant::now();
     let route = route_label(request.extensions().get::<MatchedPath>());
     let method = method_label(request.method());

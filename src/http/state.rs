@@ -71,6 +71,18 @@ impl ApiState {
         .map_err(ApiError::Pool)?;
         metrics.observe_pool(&pool);
         let live = build_live(config, None)?;
+        // Every documented (route, method, status) exists at 0 from the first scrape on, so that
+        // the first 429 or 503 after a start shows in rate() and increase() (a series that
+        // appears at 1 looks like no increase).
+        for route in super::ROUTES {
+            for status in route.statuses {
+                metrics.http_requests.with_label_values(&[
+                    route.path,
+                    route.method,
+                    &status.to_string(),
+                ]);
+            }
+        }
         tracing::info!(
             tokens = live.tokens.len(),
             file = %live.tokens_file.display(),

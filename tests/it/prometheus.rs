@@ -3,7 +3,8 @@
 //! Prometheus's HTTP query API.
 //! The server runs the shipped `config/prometheus/prometheus.yml` (targets and intervals
 //! rewritten for the test), so the sample scrape configuration and the alerting rules are loaded
-//! and evaluated by the real thing, against real series.
+//! and evaluated by the real thing, against real series. `PrometheusServer` also serves the
+//! dashboard test (`dashboard.rs`).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -25,7 +26,7 @@ use crate::ops_support::{free_port, fresh_probe, prometheus_tool, repo_root, Run
 /// Generous: CI machines are slow and Prometheus opens its TSDB before it answers.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-struct PrometheusServer {
+pub(crate) struct PrometheusServer {
     // Declared first: killed before the directory below is removed.
     child: tokio::process::Child,
     base: String,
@@ -35,7 +36,7 @@ struct PrometheusServer {
 
 impl PrometheusServer {
     /// Starts Prometheus on a free loopback port, scraping `target` every second.
-    async fn start(binary: &Path, target: SocketAddr) -> Self {
+    pub(crate) async fn start(binary: &Path, target: SocketAddr) -> Self {
         // A free port can be taken between our probe and Prometheus binding it; try again then.
         let mut attempts = 0;
         loop {
@@ -92,11 +93,11 @@ impl PrometheusServer {
         }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    async fn api(&self, path: &str, params: &[(&str, &str)]) -> Value {
+    pub(crate) async fn api(&self, path: &str, params: &[(&str, &str)]) -> Value {
         let url = reqwest::Url::parse_with_params(&format!("{}{path}", self.base), params).unwrap();
         let body: Value = reqwest::get(url)
             .await
@@ -119,7 +120,7 @@ impl PrometheusServer {
     }
 
     /// Polls `promql` until it returns `expected`.
-    async fn wait_for_value(&self, promql: &str, expected: &str) {
+    pub(crate) async fn wait_for_value(&self, promql: &str, expected: &str) {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let value = self.query_one(promql).await;
@@ -136,7 +137,7 @@ impl PrometheusServer {
         }
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
 }

@@ -1,0 +1,70 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_tombstoned_global_optspecs
+    string join \n config= log-format= h/help V/version
+end
+
+function __fish_tombstoned_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_tombstoned_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_tombstoned_using_subcommand
+    set -l cmd (__fish_tombstoned_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -s V -l version -d 'Print version'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "serve" -d 'Run the daemon: cleanup scheduler, HTTP API and metrics'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l batch-size -d 'Rows per batch (overrides cleanup.batch_size)' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l max-batches -d 'Stop after this many batches; the backlog left is reported' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l dry-run -d 'Change nothing: report what a run would do, inside a READ ONLY transaction'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l json -d 'Print the report as JSON'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l explain -d 'With --dry-run: also print the plan of the batch query (EXPLAIN)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l status -d 'List applied and pending migrations; change nothing'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l keep -d 'Leave the throwaway cluster and daemon running at the end (until Ctrl-C)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "serve" -d 'Run the daemon: cleanup scheduler, HTTP API and metrics'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -1,0 +1,394 @@
+//! `tombstoned generate` (hidden): the man pages — `tombstoned(8)` and one `tombstoned-<command>(8)`
+//! per command — and the bash, zsh and fish completions, rendered from the clap definition of the
+//! command line it is given. The copies checked in under `dist/` (and shipped by the Debian
+//! package) are compared with a fresh rendering by a test, so they cannot go stale.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use clap_complete::Shell;
+use clap_mangen::roff::{bold, roman, Roff};
+use clap_mangen::Man;
+
+/// `tombstoned generate`
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// What to write.
+    #[command(subcommand)]
+    pub what: Generated,
+}
+
+/// The kinds of generated files.
+#[derive(Debug, Subcommand)]
+pub enum Generated {
+    /// The man pages: tombstoned.8 and tombstoned-COMMAND.8 for every command.
+    Man {
+        /// Directory to write them to (created if missing), e.g. dist/man.
+        #[arg(value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
+        dir: PathBuf,
+    },
+    /// The completion scripts: tombstoned.bash, _tombstoned (zsh) and tombstoned.fish.
+    Completions {
+        /// Directory to write them to (created if missing), e.g. dist/completions.
+        #[arg(value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
+        dir: PathBuf,
+    },
+}
+
+/// One generated file: its name (no directory) and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeneratedFile {
+    /// File name, e.g. `tombstoned-cleanup.8`.
+    pub name: String,
+    /// Contents.
+    pub contents: Vec<u8>,
+}
+
+/// Why `tombstoned generate` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// Rendering a man page failed (only writing to memory happens there, so this is an encoding
+    /// problem in clap_mangen).
+    #[error("cannot render the man page {name}: {source}")]
+    Render {
+        /// The page.
+        name: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The output directory or a file in it could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// Man pages are in section 8: tombstoned is a daemon and its administration tool.
+const SECTION: &str = "8";
+
+/// Writes what `args` asks for, rendered from `cli`; returns the paths written.
+pub fn run(cli: clap::Command, args: &GenerateArgs) -> Result<Vec<PathBuf>, GenerateError> {
+    let (dir, files) = match &args.what {
+        Generated::Man { dir } => (dir, man_pages(cli)?),
+        Generated::Completions { dir } => (dir, completions(cli)),
+    };
+    write_all(dir, &files)
+}
+
+fn write_all(dir: &Path, files: &[GeneratedFile]) -> Result<Vec<PathBuf>, GenerateError> {
+    std::fs::create_dir_all(dir).map_err(|source| GenerateError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    files
+        .iter()
+        .map(|file| {
+            let path = dir.join(&file.name);
+            std::fs::write(&path, &file.contents).map_err(|source| GenerateError::Write {
+                path: path.clone(),
+                source,
+            })?;
+            Ok(path)
+        })
+        .collect()
+}
+
+/// The completion scripts for bash, zsh and fish, under the names their packaging conventions
+/// use (`/usr/share/bash-completion/completions/tombstoned`, `.../zsh/vendor-completions/_tombstoned`,
+/// `.../fish/vendor_completions.d/tombstoned.fish`).
+pub fn completions(cli: clap::Command) -> Vec<GeneratedFile> {
+    let mut cli = without_hidden_commands(cli);
+    let bin = cli.get_name().to_owned();
+    [
+        (Shell::Bash, format!("{bin}.bash")),
+        (Shell::Zsh, format!("_{bin}")),
+        (Shell::Fish, format!("{bin}.fish")),
+    ]
+    .into_iter()
+    .map(|(shell, name)| {
+        let mut contents = Vec::new();
+        clap_complete::generate(shell, &mut cli, bin.clone(), &mut contents);
+        GeneratedFile { name, contents }
+    })
+    .collect()
+}
+
+/// The same command line without its hidden commands (`generate`), which clap_complete would
+/// otherwise offer: rebuilt from the name, texts, arguments and visible commands.
+fn without_hidden_commands(cli: clap::Command) -> clap::Command {
+    let mut pruned = clap::Command::new(cli.get_name().to_owned())
+        .args(cli.get_arguments().cloned())
+        .subcommands(cli.get_subcommands().filter(|c| !c.is_hide_set()).cloned())
+        .subcommand_required(cli.is_subcommand_required_set());
+    if let Some(about) = cli.get_about() {
+        pruned = pruned.about(about.clone());
+    }
+    if let Some(version) = cli.get_version() {
+        pruned = pruned.version(version.to_owned());
+    }
+    pruned
+}
+
+/// `tombstoned.8` and one page per visible command (`tombstoned-cleanup.8`, ...).
+pub fn man_pages(mut cli: clap::Command) -> Result<Vec<GeneratedFile>, GenerateError> {
+    // Built once so that the global options (--config, --log-format) and the display names
+    // ("tombstoned-cleanup") reach the commands' pages.
+    cli = cli
+        .disable_help_subcommand(true)
+        .subcommand_help_heading("COMMANDS");
+    cli.build();
+    let name = cli.get_name().to_owned();
+    let version = cli.get_version().unwrap_or_default().to_owned();
+    let commands: Vec<clap::Command> = cli
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .cloned()
+        .collect();
+    let see_also: Vec<String> = commands.iter().map(display_name).collect();
+
+    let mut pages = vec![render_page(&cli, &version, &main_page(&see_also))?];
+    for command in &commands {
+        pages.push(render_page(command, &version, &command_page(&name))?);
+    }
+    Ok(pages)
+}
+
+fn display_name(command: &clap::Command) -> String {
+    command
+        .get_display_name()
+        .unwrap_or_else(|| command.get_name())
+        .to_owned()
+}
+
+/// What a page adds to clap_mangen's rendering of its command.
+struct Extra {
+    /// Replaces the DESCRIPTION (clap's would repeat the NAME line).
+    description: Option<Roff>,
+    /// Sections after the options and commands.
+    sections: Roff,
+}
+
+/// One page: our title line, clap_mangen's name, synopsis, description, options and commands,
+/// then our sections, then the version.
+fn render_page(
+    command: &clap::Command,
+    version: &str,
+    extra: &Extra,
+) -> Result<GeneratedFile, GenerateError> {
+    let man = Man::new(command.clone()).section(SECTION);
+    let name = man.get_filename();
+    let failed = |source| GenerateError::Render {
+        name: name.clone(),
+        source,
+    };
+    // Each render_* call starts with the same preamble (a string definition for apostrophes);
+    // it is kept once, at the top.
+    let preamble = Roff::new().render();
+    let mut out: Vec<u8> = preamble.clone().into_bytes();
+    // Written by hand: roff drops an empty argument, which would shift the source into the date
+    // field (the pages carry no date, so that they change only when the CLI does).
+    writeln!(
+        out,
+        ".TH {} {SECTION} \"\" \"tombstoned {version}\" \"System Administration\"",
+        display_name(command).to_uppercase().replace('-', "\\-")
+    )
+    .map_err(failed)?;
+    let mut part = |render: &dyn Fn(&mut Vec<u8>) -> std::io::Result<()>| {
+        let mut buf = Vec::new();
+        render(&mut buf)?;
+        let body = buf
+            .strip_prefix(preamble.as_bytes())
+            .map_or(buf.as_slice(), |rest| rest);
+        out.write_all(body)
+    };
+    part(&|w| man.render_name_section(w)).map_err(failed)?;
+    part(&|w| man.render_synopsis_section(w)).map_err(failed)?;
+    match &extra.description {
+        Some(description) => part(&|w| description.to_writer(w)).map_err(failed)?,
+        None => part(&|w| man.render_description_section(w)).map_err(failed)?,
+    }
+    if command.get_arguments().any(|a| !a.is_hide_set()) {
+        part(&|w| man.render_options_section(w)).map_err(failed)?;
+    }
+    if command.get_subcommands().any(|c| !c.is_hide_set()) {
+        part(&|w| man.render_subcommands_section(w)).map_err(failed)?;
+    }
+    part(&|w| extra.sections.to_writer(w)).map_err(failed)?;
+    if command.get_version().is_some() {
+        part(&|w| man.render_version_section(w)).map_err(failed)?;
+    }
+    Ok(GeneratedFile {
+        name,
+        contents: out,
+    })
+}
+
+fn heading(roff: &mut Roff, title: &str) {
+    roff.control("SH", [title]);
+}
+
+fn paragraph(roff: &mut Roff, text: &str) {
+    roff.control("PP", []);
+    roff.text([roman(text)]);
+}
+
+/// A tagged paragraph: `tag` in bold, `text` indented below it.
+fn item(roff: &mut Roff, tag: &str, text: &str) {
+    roff.control("TP", []);
+    roff.text([bold(tag)]);
+    roff.text([roman(text)]);
+}
+
+fn see_also(roff: &mut Roff, pages: &[String]) {
+    heading(roff, "SEE ALSO");
+    let mut inlines = Vec::new();
+    for (i, page) in pages.iter().enumerate() {
+        if i > 0 {
+            inlines.push(roman(", "));
+        }
+        let (name, section) = page.rsplit_once('(').unwrap_or((page.as_str(), ""));
+        inlines.push(bold(name));
+        if !section.is_empty() {
+            inlines.push(roman(format!("({section}")));
+        }
+    }
+    roff.text(inlines);
+}
+
+/// The exit statuses of every command (`cli::Exit`, after sysexits.h).
+const EXIT_STATUSES: &[(&str, &str)] = &[
+    ("0", "Success."),
+    (
+        "64",
+        "Bad usage or configuration (EX_USAGE): an unknown flag or key, an invalid value, an \
+         unusable tokens file, a listener that cannot bind. Restarting cannot fix it.",
+    ),
+    (
+        "69",
+        "The database is unavailable, or its schema is not current (EX_UNAVAILABLE): run \
+         tombstoned migrate, or wait for the database.",
+    ),
+    ("70", "Internal error (EX_SOFTWARE)."),
+    (
+        "75",
+        "Temporary refusal (EX_TEMPFAIL): cleanup found another instance holding the cleanup \
+         lease; nothing was done and that is not a failure.",
+    ),
+    (
+        "130",
+        "A second SIGINT or SIGTERM arrived during a graceful stop: exit at once, open \
+         transactions roll back.",
+    ),
+];
+
+fn main_page(commands: &[String]) -> Extra {
+    let mut description = Roff::new();
+    heading(&mut description, "DESCRIPTION");
+    paragraph(
+        &mut description,
+        "tombstoned keeps the idempotency records of a write API on PostgreSQL honest over time. \
+         A client retry of one business intent carries the same idempotency key; the daemon \
+         claims the key, performs the write and stores the response in one transaction, and \
+         replays the stored response to every later retry. Expired records are never deleted by \
+         the scheduled cleaner but turned into tombstones, so a key can never be reused for \
+         another purchase.",
+    );
+    paragraph(
+        &mut description,
+        "Run it as a system service (tombstoned.service, with tombstoned-cleanup.timer as an \
+         alternative to the resident scheduler); apply the schema with tombstoned migrate before \
+         the first start and after every upgrade that brings migrations.",
+    );
+    let mut roff = Roff::new();
+    heading(&mut roff, "EXIT STATUS");
+    for (status, meaning) in EXIT_STATUSES {
+        item(&mut roff, status, meaning);
+    }
+    heading(&mut roff, "ENVIRONMENT");
+    for (variable, meaning) in [
+        (
+            "TOMBSTONED_CONFIG",
+            "The configuration file, when --config is not given.",
+        ),
+        (
+            "TOMBSTONED_DATABASE_URL, DATABASE_URL",
+            "The database URL (the first one set wins over database.url of the file).",
+        ),
+        (
+            "TOMBSTONED_<SECTION>__<KEY>",
+            "Any configuration key, e.g. TOMBSTONED_CLEANUP__BATCH_SIZE=500; wins over the file.",
+        ),
+        (
+            "RUST_LOG",
+            "Log level and filters (tracing EnvFilter syntax); the default is info.",
+        ),
+        (
+            "NOTIFY_SOCKET, WATCHDOG_USEC, WATCHDOG_PID",
+            "Set by systemd: serve reports readiness and status, and pings the watchdog.",
+        ),
+    ] {
+        item(&mut roff, variable, meaning);
+    }
+    heading(&mut roff, "FILES");
+    for (file, meaning) in [
+        (
+            "/etc/tombstoned/tombstoned.toml",
+            "The configuration (root:tombstoned, 0640). Every key is described in it.",
+        ),
+        (
+            "/etc/tombstoned/tokens.toml",
+            "The API bearer tokens (SHA-256 digests), re-read on SIGHUP.",
+        ),
+        (
+            "/etc/tombstoned/database-password",
+            "The database password (root:root, 0600), handed to the service as the systemd \
+             credential database-password when the database-password.conf drop-in is enabled.",
+        ),
+        (
+            "/etc/tombstoned/tombstoned.env",
+            "Optional environment for the services (root:root, 0600).",
+        ),
+        (
+            "/lib/systemd/system/tombstoned.service",
+            "The daemon. tombstoned-cleanup.service and tombstoned-cleanup.timer run the cleanup \
+             as a timer-driven one-shot instead.",
+        ),
+        (
+            "/usr/share/doc/tombstoned/",
+            "README, Prometheus alerting rules, the Grafana dashboard, examples.",
+        ),
+    ] {
+        item(&mut roff, file, meaning);
+    }
+    let mut pages: Vec<String> = commands.iter().map(|c| format!("{c}(8)")).collect();
+    pages.extend(
+        ["systemd.exec(5)", "systemd-creds(1)", "sysusers.d(5)"]
+            .iter()
+            .map(|s| (*s).to_owned()),
+    );
+    see_also(&mut roff, &pages);
+    Extra {
+        description: Some(description),
+        sections: roff,
+    }
+}
+
+/// A command's page points at the main page for what every command shares.
+fn command_page(main: &str) -> Extra {
+    let mut roff = Roff::new();
+    heading(&mut roff, "EXIT STATUS");
+    roff.text([
+        roman("As for every command: see "),
+        bold(main),
+        roman("(8), which also lists the environment and the files."),
+    ]);
+    see_also(&mut roff, &[format!("{main}(8)")]);
+    Extra {
+        description: None,
+        sections: roff,
+    }
+}
