@@ -31,6 +31,9 @@ _tombstoned() {
             tombstoned,migrate)
                 cmd="tombstoned__subcmd__migrate"
                 ;;
+            tombstoned,outbox)
+                cmd="tombstoned__subcmd__outbox"
+                ;;
             tombstoned,serve)
                 cmd="tombstoned__subcmd__serve"
                 ;;
@@ -49,8 +52,44 @@ _tombstoned() {
             tombstoned__subcmd__help,migrate)
                 cmd="tombstoned__subcmd__help__subcmd__migrate"
                 ;;
+            tombstoned__subcmd__help,outbox)
+                cmd="tombstoned__subcmd__help__subcmd__outbox"
+                ;;
             tombstoned__subcmd__help,serve)
                 cmd="tombstoned__subcmd__help__subcmd__serve"
+                ;;
+            tombstoned__subcmd__help__subcmd__outbox,deliver)
+                cmd="tombstoned__subcmd__help__subcmd__outbox__subcmd__deliver"
+                ;;
+            tombstoned__subcmd__help__subcmd__outbox,list)
+                cmd="tombstoned__subcmd__help__subcmd__outbox__subcmd__list"
+                ;;
+            tombstoned__subcmd__help__subcmd__outbox,requeue)
+                cmd="tombstoned__subcmd__help__subcmd__outbox__subcmd__requeue"
+                ;;
+            tombstoned__subcmd__outbox,deliver)
+                cmd="tombstoned__subcmd__outbox__subcmd__deliver"
+                ;;
+            tombstoned__subcmd__outbox,help)
+                cmd="tombstoned__subcmd__outbox__subcmd__help"
+                ;;
+            tombstoned__subcmd__outbox,list)
+                cmd="tombstoned__subcmd__outbox__subcmd__list"
+                ;;
+            tombstoned__subcmd__outbox,requeue)
+                cmd="tombstoned__subcmd__outbox__subcmd__requeue"
+                ;;
+            tombstoned__subcmd__outbox__subcmd__help,deliver)
+                cmd="tombstoned__subcmd__outbox__subcmd__help__subcmd__deliver"
+                ;;
+            tombstoned__subcmd__outbox__subcmd__help,help)
+                cmd="tombstoned__subcmd__outbox__subcmd__help__subcmd__help"
+                ;;
+            tombstoned__subcmd__outbox__subcmd__help,list)
+                cmd="tombstoned__subcmd__outbox__subcmd__help__subcmd__list"
+                ;;
+            tombstoned__subcmd__outbox__subcmd__help,requeue)
+                cmd="tombstoned__subcmd__outbox__subcmd__help__subcmd__requeue"
                 ;;
             *)
                 ;;
@@ -59,7 +98,7 @@ _tombstoned() {
 
     case "${cmd}" in
         tombstoned)
-            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config demo help"
+            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config demo outbox help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -155,7 +194,7 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__help)
-            opts="serve cleanup migrate check-config demo help"
+            opts="serve cleanup migrate check-config demo outbox help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -238,6 +277,62 @@ _tombstoned() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        tombstoned__subcmd__help__subcmd__outbox)
+            opts="deliver list requeue"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__outbox__subcmd__deliver)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__outbox__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__outbox__subcmd__requeue)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         tombstoned__subcmd__help__subcmd__serve)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -259,6 +354,176 @@ _tombstoned() {
                 return 0
             fi
             case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox)
+            opts="-h --config --log-format --help deliver list requeue help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox__subcmd__deliver)
+            opts="-h --max-events --dry-run --json --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --max-events)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox__subcmd__help)
+            opts="deliver list requeue help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox__subcmd__help__subcmd__deliver)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox__subcmd__help__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox__subcmd__help__subcmd__requeue)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox__subcmd__list)
+            opts="-h --dead-letters --limit --json --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__outbox__subcmd__requeue)
+            opts="-h --event --all-dead-letters --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --event)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -34,6 +34,7 @@ complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "cleanup" -d '
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "outbox" -d 'Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
@@ -62,9 +63,45 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l log-forma
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l keep -d 'Leave the throwaway cluster and daemon running at the end (until Ctrl-C)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "serve" -d 'Run the daemon: cleanup scheduler, HTTP API and metrics'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -f -a "deliver" -d 'Deliver the events due now (each at most once), then exit. Works whether or not outbox.enabled is set; needs outbox.endpoint and outbox.secret_file'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -f -a "list" -d 'List undelivered events (pending and dead letters), oldest first'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -f -a "requeue" -d 'Put dead letters back into delivery (due now, attempts counted from zero)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l max-events -d 'Attempt at most this many events' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l dry-run -d 'Send nothing and change nothing: list what a run would send now'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l json -d 'Print the report as JSON'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l limit -d 'At most this many events' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l dead-letters -d 'Only dead letters'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l json -d 'Print JSON'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l event -d 'A dead letter\'s event id (the webhook-id); repeat for several' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l all-dead-letters -d 'Every dead letter'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "deliver" -d 'Deliver the events due now (each at most once), then exit. Works whether or not outbox.enabled is set; needs outbox.endpoint and outbox.secret_file'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "list" -d 'List undelivered events (pending and dead letters), oldest first'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "requeue" -d 'Put dead letters back into delivery (due now, attempts counted from zero)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "serve" -d 'Run the daemon: cleanup scheduler, HTTP API and metrics'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "outbox" -d 'Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "deliver" -d 'Deliver the events due now (each at most once), then exit. Works whether or not outbox.enabled is set; needs outbox.endpoint and outbox.secret_file'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "list" -d 'List undelivered events (pending and dead letters), oldest first'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "requeue" -d 'Put dead letters back into delivery (due now, attempts counted from zero)'
