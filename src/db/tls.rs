@@ -234,7 +234,7 @@ impl TlsPlan {
 fn provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
     PROVIDER
-        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .get_or_init(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
         .clone()
 }
 

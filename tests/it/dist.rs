@@ -50,6 +50,7 @@ fn checked_in_man_pages_and_completions_match_the_command_line() {
             "tombstoned-migrate.8",
             "tombstoned-check-config.8",
             "tombstoned-demo.8",
+            "tombstoned-outbox.8",
         ],
         "one page per visible command; the hidden `generate` has none"
     );
