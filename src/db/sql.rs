@@ -2,7 +2,15 @@
 //! `sql` module: [`crate::claim::sql`], [`crate::cleanup::sql`]), and the one way a duration
 //! becomes a PostgreSQL setting. Every value is a parameter.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+
+/// Where a statement names tombstoned's schema: `FROM {schema}.idempotency_records`. Statements
+/// name the schema instead of relying on `search_path`, because nothing may be set on a session
+/// that a connection pooler hands to other clients (`options` at start-up is refused by
+/// PgBouncer; a session-level `SET` leaks in transaction pooling). See [`qualify`].
+pub const SCHEMA_MARKER: &str = "{schema}";
 
 /// Opens a transaction READ COMMITTED, whatever the server's default: the protocol's re-checks
 /// after a lock wait rely on it (docs/protocol.md).
@@ -31,9 +39,44 @@ pub fn duration_setting(d: Duration) -> String {
     format!("{}ms", d.as_millis().max(1))
 }
 
+/// `template` with every [`SCHEMA_MARKER`] replaced by the quoted schema name: the text to send.
+///
+/// Rendered once per (statement, schema) and kept for the life of the process, so the result is a
+/// `&'static str` like the templates themselves: call sites stay as cheap as with constant text
+/// (the set is bounded: a few dozen statements times the schemas a process uses, normally one).
+/// The schema is validated by the configuration as a plain lower-case identifier; it is quoted
+/// anyway. A template without the marker is returned as it is.
+pub fn qualify(template: &'static str, schema: &str) -> &'static str {
+    if !template.contains(SCHEMA_MARKER) {
+        return template;
+    }
+    type Rendered = HashMap<(usize, String), &'static str>;
+    static RENDERED: Mutex<Option<Rendered>> = Mutex::new(None);
+    let key = (template.as_ptr() as usize, schema.to_owned());
+    let mut rendered = RENDERED.lock().unwrap_or_else(PoisonError::into_inner);
+    let rendered = rendered.get_or_insert_with(HashMap::new);
+    *rendered.entry(key).or_insert_with(|| {
+        let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+        Box::leak(template.replace(SCHEMA_MARKER, &quoted).into_boxed_str())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statements_name_the_quoted_schema_and_are_rendered_once() {
+        const T: &str = "SELECT 1 FROM {schema}.t JOIN {schema}.u USING (id)";
+        let a = qualify(T, "tomb");
+        assert_eq!(a, r#"SELECT 1 FROM "tomb".t JOIN "tomb".u USING (id)"#);
+        assert!(std::ptr::eq(a, qualify(T, "tomb")), "rendered once");
+        assert_eq!(
+            qualify(T, "other"),
+            r#"SELECT 1 FROM "other".t JOIN "other".u USING (id)"#
+        );
+        assert!(std::ptr::eq(qualify(COMMIT, "tomb"), COMMIT));
+    }
 
     #[test]
     fn timeouts_are_sent_as_milliseconds_and_never_as_zero() {
