@@ -55,7 +55,7 @@ pub fn qualify(template: &'static str, schema: &str) -> &'static str {
     let key = (template.as_ptr() as usize, schema.to_owned());
     let mut rendered = RENDERED.lock().unwrap_or_else(PoisonError::into_inner);
     let rendered = rendered.get_or_insert_with(HashMap::new);
-    *rendered.entry(key).or_insert_with(|| {
+    rendered.entry(key).or_insert_with(|| {
         let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
         Box::leak(template.replace(SCHEMA_MARKER, &quoted).into_boxed_str())
     })
