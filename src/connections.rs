@@ -202,6 +202,17 @@ pub async fn serve(
     }
 }
 
+/// What [`Shared::evict_one`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Eviction {
+    /// The longest idle connection was asked to close.
+    Asked,
+    /// Every connection has a request in flight (or is already closing).
+    NoneIdle,
+    /// The longest idle connection is too young to evict yet.
+    OldestIdleFor(Duration),
+}
+
 /// What the accept loop and every connection task share.
 struct Shared {
     name: ListenerName,
@@ -225,12 +236,25 @@ impl Shared {
     }
 
     /// A slot for a new connection: free, or made free by evicting the longest idle connection.
+    /// When every idle connection is younger than [`EVICTION_MIN_IDLE`] (a client that opened
+    /// many at once), the arriving one waits for the oldest to come of age rather than being
+    /// turned away; only when every connection has a request in flight is it refused at once.
     async fn admit(&self) -> Option<OwnedSemaphorePermit> {
         if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
             return Some(permit);
         }
-        if !self.evict_one() {
-            return None;
+        match self.evict_one() {
+            Eviction::Asked => {}
+            Eviction::NoneIdle => return None,
+            Eviction::OldestIdleFor(idle) => {
+                tokio::time::sleep(EVICTION_MIN_IDLE.saturating_sub(idle)).await;
+                if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
+                    return Some(permit);
+                }
+                if self.evict_one() != Eviction::Asked {
+                    return None;
+                }
+            }
         }
         tokio::time::timeout(EVICTION_WAIT, Arc::clone(&self.permits).acquire_owned())
             .await
@@ -238,29 +262,29 @@ impl Shared {
             .and_then(Result::ok)
     }
 
-    /// Asks the connection idle longest (at least [`EVICTION_MIN_IDLE`]) to close; false when
-    /// none is idle.
-    fn evict_one(&self) -> bool {
+    /// Asks the connection idle longest to close, if it has been idle at least
+    /// [`EVICTION_MIN_IDLE`].
+    fn evict_one(&self) -> Eviction {
         let now = self.now_ms();
-        let min_idle = u64::try_from(EVICTION_MIN_IDLE.as_millis()).unwrap_or(u64::MAX);
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let victim = open
+        let oldest = open
             .values()
             .filter(|c| c.in_flight.load(Ordering::Acquire) == 0)
             .filter(|c| !c.evict.load(Ordering::Acquire))
             .map(|c| (c.idle_since_ms.load(Ordering::Acquire), c))
-            .filter(|(since, _)| now.saturating_sub(*since) >= min_idle)
             .min_by_key(|(since, _)| *since)
-            .map(|(_, c)| Arc::clone(c));
+            .map(|(since, c)| (since, Arc::clone(c)));
         drop(open);
-        match victim {
-            Some(c) => {
-                c.evict.store(true, Ordering::Release);
-                c.wake.notify_one();
-                true
-            }
-            None => false,
+        let Some((since, victim)) = oldest else {
+            return Eviction::NoneIdle;
+        };
+        let idle = Duration::from_millis(now.saturating_sub(since));
+        if idle < EVICTION_MIN_IDLE {
+            return Eviction::OldestIdleFor(idle);
         }
+        victim.evict.store(true, Ordering::Release);
+        victim.wake.notify_one();
+        Eviction::Asked
     }
 
     fn register(&self) -> Arc<Connection> {
