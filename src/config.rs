@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::db::conninfo::ConnInfo;
 use crate::db::credentials;
+use crate::db::Pooler;
 use crate::outbox::settings::{self, RawOutbox};
 use crate::schedule::Schedule;
 use crate::toml_diagnostic::{describe, Stage};
@@ -104,6 +105,8 @@ pub struct DatabaseConfig {
     pub connect_timeout: Duration,
     /// `database.password_file`: the password is read from it at each new connection.
     pub password_file: Option<PathBuf>,
+    /// `database.pooler`: what sits between tombstoned and PostgreSQL (restart-only).
+    pub pooler: Pooler,
 }
 
 /// `[retention]`: how long responses are replayable, and whether tombstones ever go.
@@ -284,6 +287,8 @@ struct RawDatabase {
     pool_size: i64,
     connect_timeout: String,
     password_file: String,
+    // A string, validated below: a parse error would not be allowed to quote the value.
+    pooler: String,
 }
 
 impl Default for RawDatabase {
@@ -294,6 +299,7 @@ impl Default for RawDatabase {
             pool_size: 16,
             connect_timeout: "5s".into(),
             password_file: String::new(),
+            pooler: "none".into(),
         }
     }
 }
@@ -484,6 +490,7 @@ impl Config {
                 "database.password_file",
                 db.password_file != new.database.password_file,
             ),
+            ("database.pooler", db.pooler != new.database.pooler),
             ("api.enabled", old.api.enabled != new.api.enabled),
             ("api.listen", old.api.listen != new.api.listen),
             (
@@ -725,6 +732,13 @@ pub(crate) fn in_range<T: TryFrom<i64>>(
     })
 }
 
+fn pooler(text: &str) -> Result<Pooler, ConfigError> {
+    Pooler::parse(text).ok_or_else(|| ConfigError::Invalid {
+        key: "database.pooler",
+        reason: format!("{text:?} is not \"none\", \"session\" or \"transaction\""),
+    })
+}
+
 fn on_locked(text: &str) -> Result<OnLocked, ConfigError> {
     match text {
         "wait" => Ok(OnLocked::Wait),
@@ -796,6 +810,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         pool_size: in_range("database.pool_size", database.pool_size, 1, 1000)?,
         connect_timeout: positive("database.connect_timeout", &database.connect_timeout)?,
         password_file: password_file(&database.password_file, base_dir)?,
+        pooler: pooler(&database.pooler)?,
     };
     // A connect_timeout in the URL (libpq's meaning: seconds, at least 2) wins, resolved once
     // here so every bound derived from the timeout agrees with the one connections use.

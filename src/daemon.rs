@@ -50,7 +50,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     // Database reachable and schema current, or no start at all (exit 69; systemd retries).
     {
         let session = db::connect(&config.database, "serve").await?;
-        let status = migrations::status(&session.client, &config.database.schema).await?;
+        let status = migrations::status(&session.conn(), None).await?;
         if let Some(problem) = status.problem() {
             return Err(migrations::SchemaNotCurrent(problem).into());
         }

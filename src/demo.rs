@@ -350,14 +350,14 @@ async fn story(
 async fn count_orders(config: &Config, request_id: &str) -> anyhow::Result<i64> {
     let session = db::connect(&config.database, "demo").await?;
     let row = session
-        .client
+        .conn()
         .query_one(
-            "SELECT count(*) FROM orders WHERE tenant_id = $1 AND request_id = $2",
+            "SELECT count(*) FROM {schema}.orders WHERE tenant_id = $1 AND request_id = $2",
             &[&"acme", &request_id],
         )
         .await
         .context("cannot count the orders")?;
-    Ok(row.get(0))
+    Ok(row.try_get(0)?)
 }
 
 /// The claim outcomes, rows tombstoned and runs, without the zero-valued label sets.

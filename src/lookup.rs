@@ -7,7 +7,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::claim::OPERATION_CREATE_ORDER;
-use crate::db::{self, DbError, ErrorClass};
+use crate::config::DatabaseConfig;
+use crate::db::{self, Conn, DbError, ErrorClass, Param};
 use crate::money::Currency;
 
 /// The statements, by name.
@@ -16,7 +17,7 @@ pub mod sql {
     pub const ORDER_BY_ID: &str = "\
 SELECT order_id, request_id, amount_minor, currency::text AS currency, item, quantity,
        recipient, status, created_at
-FROM orders
+FROM {schema}.orders
 WHERE order_id = $1 AND tenant_id = $2";
 
     /// `$1` tenant, `$2` principal, `$3` operation, `$4` key. No `response_body`: the status
@@ -24,7 +25,7 @@ WHERE order_id = $1 AND tenant_id = $2";
     pub const KEY_STATUS: &str = "\
 SELECT status_code, order_id, expired, created_at, replay_deadline, expired_at,
        replay_deadline <= now() AS past_deadline
-FROM idempotency_records
+FROM {schema}.idempotency_records
 WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
 }
 
@@ -110,18 +111,17 @@ fn rfc3339(t: DateTime<Utc>) -> String {
 
 async fn query_opt(
     pool: &Pool,
-    sql: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    database: &DatabaseConfig,
+    sql: &'static str,
+    params: &[&dyn Param],
 ) -> Result<Option<tokio_postgres::Row>, LookupError> {
     let client = pool
         .get()
         .await
         .map_err(|e| LookupError::Unavailable(DbError::Pool(e)))?;
-    let result = async {
-        let statement = client.prepare_cached(sql).await?;
-        client.query_opt(&statement, params).await
-    }
-    .await;
+    let result = Conn::pooled(&client, &database.schema, database.pooler)
+        .query_opt(sql, params)
+        .await;
     result.map_err(|e| {
         let class = db::classify(&e);
         db::discard(client);
@@ -132,14 +132,17 @@ async fn query_opt(
     })
 }
 
-/// The order `order_id` if it belongs to `tenant`.
-#[tracing::instrument(skip(pool))]
+/// The order `order_id` if it belongs to `tenant` (on a connection of `pool`, opened for
+/// `database`).
+#[tracing::instrument(skip(pool, database))]
 pub async fn order(
     pool: &Pool,
+    database: &DatabaseConfig,
     tenant: &str,
     order_id: Uuid,
 ) -> Result<Option<OrderView>, LookupError> {
-    let Some(row) = query_opt(pool, sql::ORDER_BY_ID, &[&order_id, &tenant]).await? else {
+    let Some(row) = query_opt(pool, database, sql::ORDER_BY_ID, &[&order_id, &tenant]).await?
+    else {
         return Ok(None);
     };
     let get = |e| LookupError::Database(DbError::Query(e));
@@ -164,15 +167,17 @@ pub async fn order(
 }
 
 /// The status of `key` in the scope (tenant, principal, create-order).
-#[tracing::instrument(skip(pool, key))]
+#[tracing::instrument(skip(pool, database, key))]
 pub async fn key_status(
     pool: &Pool,
+    database: &DatabaseConfig,
     tenant: &str,
     principal: &str,
     key: &str,
 ) -> Result<Option<KeyStatus>, LookupError> {
     let Some(row) = query_opt(
         pool,
+        database,
         sql::KEY_STATUS,
         &[&tenant, &principal, &OPERATION_CREATE_ORDER, &key],
     )

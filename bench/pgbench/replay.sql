@@ -15,10 +15,10 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 SELECT set_config('lock_timeout', :lock_timeout, true);
 WITH existing AS (
     SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
-    FROM idempotency_records
+    FROM "tombstoned".idempotency_records
     WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
 ), claim AS (
-    INSERT INTO idempotency_records
+    INSERT INTO "tombstoned".idempotency_records
         (tenant_id, principal_id, operation, idempotency_key, fingerprint,
          status_code, response_body, order_id, replay_deadline)
     SELECT :tenant, :principal, :operation, :key, :fingerprint::bytea, 201,
@@ -28,13 +28,13 @@ WITH existing AS (
     ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
     RETURNING order_id, response_body
 ), new_order AS (
-    INSERT INTO orders (order_id, tenant_id, principal_id, request_id, amount_minor,
+    INSERT INTO "tombstoned".orders (order_id, tenant_id, principal_id, request_id, amount_minor,
                         currency, item, quantity, recipient, status, created_at)
     SELECT claim.order_id, :tenant, :principal, :request_id, :amount_minor, :currency, :item, :quantity, :recipient, 'created', now()
     FROM claim
     RETURNING order_id
 ), event AS (
-    INSERT INTO outbox_events (event_id, tenant_id, order_id, event_type, payload)
+    INSERT INTO "tombstoned".outbox_events (event_id, tenant_id, order_id, event_type, payload)
     SELECT :event_id, :tenant, new_order.order_id, 'order.created',
            jsonb_build_object('order', claim.response_body,
                               'metadata', coalesce(:metadata::jsonb, '{}'::jsonb))
@@ -52,7 +52,7 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 SELECT set_config('lock_timeout', :lock_timeout, true), set_config('synchronous_commit', 'off', true);
 SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
        replay_deadline <= now() AS past_deadline
-FROM idempotency_records
+FROM "tombstoned".idempotency_records
 WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
   AND NOT expired AND replay_deadline > now()
 FOR SHARE;

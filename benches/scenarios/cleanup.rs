@@ -681,7 +681,7 @@ pub async fn explain_batch(client: &Client, batch: i64) -> Result<Vec<BatchPlan>
             .query_one(
                 &format!(
                     "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
-                    engine_sql::TOMBSTONE_BATCH
+                    tombstoned::db::sql::qualify(engine_sql::TOMBSTONE_BATCH, "tombstoned")
                 ),
                 &[&cutoff, &no_cursor, &cutoff, &batch],
             )

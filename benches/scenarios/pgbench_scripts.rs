@@ -10,6 +10,10 @@
 use std::path::Path;
 
 use tombstoned::claim::sql;
+use tombstoned::db::sql::qualify;
+
+/// The schema the benchmark migrates (its statements name it, as the daemon's do).
+const SCHEMA: &str = "tombstoned";
 
 /// `claim_and_create`'s parameters, in order (docs in `tombstoned::claim::sql::CLAIM_AND_CREATE`).
 const CLAIM_PARAMS: [&str; 16] = [
@@ -115,7 +119,7 @@ fn claim_script() -> String {
 {UUIDS}{}",
         pipeline(
             sql::SET_LOCK_TIMEOUT,
-            &substitute(sql::CLAIM_AND_CREATE, &CLAIM_PARAMS)
+            &substitute(qualify(sql::CLAIM_AND_CREATE, SCHEMA), &CLAIM_PARAMS)
         )
     )
 }
@@ -134,11 +138,11 @@ fn replay_script() -> String {
 {}{}",
         pipeline(
             sql::SET_LOCK_TIMEOUT,
-            &substitute(sql::CLAIM_AND_CREATE, &CLAIM_PARAMS)
+            &substitute(qualify(sql::CLAIM_AND_CREATE, SCHEMA), &CLAIM_PARAMS)
         ),
         pipeline(
             sql::SET_REPLAY_SETTINGS,
-            &substitute(sql::READ_FOR_REPLAY, &REPLAY_PARAMS)
+            &substitute(qualify(sql::READ_FOR_REPLAY, SCHEMA), &REPLAY_PARAMS)
         )
     )
 }

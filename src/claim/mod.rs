@@ -68,7 +68,8 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use uuid::Uuid;
 
-use crate::db::{self, DbError};
+use crate::config::DatabaseConfig;
+use crate::db::{self, Conn, DbError};
 use crate::fingerprint::Fingerprint;
 use crate::order_request::OrderRequest;
 
@@ -238,11 +239,14 @@ impl ClaimError {
     }
 }
 
-/// Runs the protocol for one request on a pooled connection. Cancellation: callers should run
-/// this in a spawned task so an abandoned HTTP request never abandons a transaction half way.
+/// Runs the protocol for one request on a connection of `pool` (opened for `database`, whose
+/// schema the statements name and whose `pooler` says how they are sent). Cancellation: callers
+/// should run this in a spawned task so an abandoned HTTP request never abandons a transaction
+/// half way.
 #[tracing::instrument(name = "claim", skip_all, fields(tenant = %req.tenant, principal = %req.principal))]
 pub async fn claim(
     pool: &Pool,
+    database: &DatabaseConfig,
     settings: &ClaimSettings,
     req: &ClaimRequest,
 ) -> Result<ClaimOutcome, ClaimError> {
@@ -250,7 +254,8 @@ pub async fn claim(
         .get()
         .await
         .map_err(|e| ClaimError::Unavailable(DbError::Pool(e)))?;
-    let result = protocol::claim_on(&client, settings, req).await;
+    let conn = Conn::pooled(&client, &database.schema, database.pooler);
+    let result = protocol::claim_on(&conn, settings, req).await;
     if result.is_err() {
         // The connection saw something unexpected (or is gone): never hand it to another request.
         db::discard(client);

@@ -3,8 +3,6 @@
 //! every row and SQLSTATE to a [`ClaimOutcome`] or [`ClaimError`]. The statements are in
 //! [`super::sql`]; each attempt is one pipelined transaction ([`crate::db::pipeline`]).
 
-use deadpool_postgres::ClientWrapper;
-use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -12,11 +10,11 @@ use super::{
     sql, ClaimError, ClaimOutcome, ClaimRequest, ClaimSettings, Decision, MAX_CLAIM_ATTEMPTS,
     OPERATION_CREATE_ORDER, ORDER_REQUEST_CONSTRAINT,
 };
-use crate::db::pipeline::{self, PipelineFailure, Pipelined};
-use crate::db::{self, DbError, ErrorClass};
+use crate::db::pipeline::{self, PipelineFailure};
+use crate::db::{self, Conn, DbError, ErrorClass, Param};
 
 pub(super) async fn claim_on(
-    client: &ClientWrapper,
+    client: &Conn<'_>,
     settings: &ClaimSettings,
     req: &ClaimRequest,
 ) -> Result<ClaimOutcome, ClaimError> {
@@ -90,26 +88,17 @@ fn transient_or_database(error: tokio_postgres::Error) -> ClaimError {
 /// Runs `BEGIN; <settings>($1 = lock timeout); <main>; COMMIT` as one pipeline (one round trip,
 /// [`db::pipeline`]) and returns the main statement's rows.
 async fn in_transaction(
-    client: &ClientWrapper,
-    settings: &str,
-    main: &str,
+    client: &Conn<'_>,
+    settings: &'static str,
+    main: &'static str,
     lock_timeout: &str,
-    params: &[&(dyn ToSql + Sync)],
+    params: &[&dyn Param],
 ) -> Result<Vec<Row>, PipelineFailure> {
-    let [begin, settings, main, commit] = pipeline::prepare_cached(client, settings, main).await?;
-    let set_params: [&(dyn ToSql + Sync); 1] = [&lock_timeout];
-    Pipelined {
-        begin: &begin,
-        settings: &settings,
-        statement: &main,
-        commit: &commit,
-    }
-    .query(client, &set_params, params)
-    .await
+    pipeline::query(client, settings, &[&lock_timeout], main, params).await
 }
 
 async fn owner_attempt(
-    client: &ClientWrapper,
+    client: &Conn<'_>,
     lock_timeout: &str,
     window_micros: i64,
     req: &ClaimRequest,
@@ -191,11 +180,11 @@ fn owned(row: Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {
 }
 
 async fn replay_attempt(
-    client: &ClientWrapper,
+    client: &Conn<'_>,
     lock_timeout: &str,
     req: &ClaimRequest,
 ) -> Result<Option<Row>, PipelineFailure> {
-    let key: [&(dyn ToSql + Sync); 4] = [
+    let key: [&dyn Param; 4] = [
         &req.tenant,
         &req.principal,
         &OPERATION_CREATE_ORDER,
@@ -214,12 +203,14 @@ async fn replay_attempt(
     }
     // Past its window, a tombstone, or gone: read it without a lock (never waits for the
     // cleaner, which only locks records past their window).
-    let failed = |error| PipelineFailure { error, sent: true };
     let statement = client
-        .prepare_cached(sql::READ_EXPIRED)
+        .ready(sql::READ_EXPIRED, &db::statement::types_of(&key))
         .await
         .map_err(|error| PipelineFailure { error, sent: false })?;
-    let row = client.query_opt(&statement, &key).await.map_err(failed)?;
+    let row = statement
+        .query_opt(client.client(), &key)
+        .await
+        .map_err(|error| PipelineFailure { error, sent: true })?;
     Ok(row.filter(|row| {
         // A record inside its window here was not returned by the locking read only if it was
         // deleted and claimed anew in between (a retention purge): claim again.
@@ -273,7 +264,7 @@ fn existing(row: &Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {
 /// After 23505 on the order's request_id: same principal and same business parameters → that
 /// order; otherwise a conflict. `None` when the order cannot be found (deleted meanwhile).
 async fn duplicate_request(
-    client: &ClientWrapper,
+    client: &Conn<'_>,
     req: &ClaimRequest,
 ) -> Result<Option<ClaimOutcome>, ClaimError> {
     let o = &req.order;
@@ -282,12 +273,11 @@ async fn duplicate_request(
         ErrorClass::Unavailable => ClaimError::Unavailable(DbError::Query(e)),
         _ => transient_or_database(e),
     };
-    let statement = client
-        .prepare_cached(sql::FIND_ORDER_BY_REQUEST_ID)
-        .await
-        .map_err(fail)?;
     let Some(row) = client
-        .query_opt(&statement, &[&req.tenant, &o.request_id, &amount])
+        .query_opt(
+            sql::FIND_ORDER_BY_REQUEST_ID,
+            &[&req.tenant, &o.request_id, &amount],
+        )
         .await
         .map_err(fail)?
     else {

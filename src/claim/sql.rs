@@ -45,7 +45,7 @@ macro_rules! existing_cte {
     () => {
         "WITH existing AS (
     SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
-    FROM idempotency_records
+    FROM {schema}.idempotency_records
     WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
 "
     };
@@ -75,7 +75,7 @@ pub const CLAIM_AND_CREATE: &str =
     concat!(
     existing_cte!(),
     "), claim AS (\n",
-    "    INSERT INTO idempotency_records\n",
+    "    INSERT INTO {schema}.idempotency_records\n",
     "        (tenant_id, principal_id, operation, idempotency_key, fingerprint,\n",
     "         status_code, response_body, order_id, replay_deadline)\n",
     "    SELECT $1, $2, $3, $4, $5::bytea, 201,\n        ",
@@ -89,13 +89,13 @@ pub const CLAIM_AND_CREATE: &str =
     "    ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING\n",
     "    RETURNING order_id, response_body\n",
     "), new_order AS (\n",
-    "    INSERT INTO orders (order_id, tenant_id, principal_id, request_id, amount_minor,\n",
+    "    INSERT INTO {schema}.orders (order_id, tenant_id, principal_id, request_id, amount_minor,\n",
     "                        currency, item, quantity, recipient, status, created_at)\n",
     "    SELECT claim.order_id, $1, $2, $7, $8, $10, $11, $12, $13, 'created', now()\n",
     "    FROM claim\n",
     "    RETURNING order_id\n",
     "), event AS (\n",
-    "    INSERT INTO outbox_events (event_id, tenant_id, order_id, event_type, payload)\n",
+    "    INSERT INTO {schema}.outbox_events (event_id, tenant_id, order_id, event_type, payload)\n",
     "    SELECT $15, $1, new_order.order_id, 'order.created',\n",
     "           jsonb_build_object('order', claim.response_body,\n",
     "                              'metadata', coalesce($16::jsonb, '{}'::jsonb))\n",
@@ -118,7 +118,7 @@ pub const CLAIM_AND_CREATE: &str =
 pub const CLAIM_REJECTED: &str = concat!(
     existing_cte!(),
     "), claim AS (
-    INSERT INTO idempotency_records
+    INSERT INTO {schema}.idempotency_records
         (tenant_id, principal_id, operation, idempotency_key, fingerprint,
          status_code, response_body, order_id, replay_deadline)
     SELECT $1, $2, $3, $4, $5::bytea, $6::smallint, $7::jsonb, NULL,
@@ -168,7 +168,7 @@ SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'o
 pub const READ_FOR_REPLAY: &str = "\
 SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
        replay_deadline <= now() AS past_deadline
-FROM idempotency_records
+FROM {schema}.idempotency_records
 WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
   AND NOT expired AND replay_deadline > now()
 FOR SHARE";
@@ -182,7 +182,7 @@ FOR SHARE";
 pub const READ_EXPIRED: &str = "\
 SELECT fingerprint, status_code, NULL::text AS body, order_id, expired,
        replay_deadline <= now() AS past_deadline
-FROM idempotency_records
+FROM {schema}.idempotency_records
 WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
 
 /// Ends the transaction (a ROLLBACK when a statement in it failed).
@@ -210,7 +210,7 @@ pub const FIND_ORDER_BY_REQUEST_ID: &str = concat!(
         "created_at"
     ),
     "::text AS body\n",
-    "FROM orders\n",
+    "FROM {schema}.orders\n",
     "WHERE tenant_id = $1 AND request_id = $2"
 );
 

@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio_postgres::IsolationLevel;
 
 use super::run::purge_before;
 use super::{report, sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, OnLocked, RetentionConfig};
-use crate::db;
+use crate::db::{self, Conn};
 use crate::outbox::{inspect, OutboxCounts};
 
 /// Rows due for one tenant or operation.
@@ -98,29 +97,30 @@ pub async fn dry_run_with_purge(
     retention: Option<&RetentionConfig>,
     explain: bool,
 ) -> Result<DryRunReport, CleanupError> {
-    let mut session = db::connect(db, "cleanup-dry-run")
+    let session = db::connect(db, "cleanup-dry-run")
         .await
         .map_err(CleanupError::Connect)?;
-    let tx = session
+    // Simple-protocol BEGIN/ROLLBACK: no statement kept on the session. If a read fails, the
+    // session is dropped with the transaction open, which ends it.
+    session
         .client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
+        .batch_execute(sql::DRY_RUN_BEGIN)
         .await
         .map_err(CleanupError::query("starting the dry run"))?;
-    let report = read(&tx, cleanup, retention, explain)
+    let report = read(&session.conn(), cleanup, retention, explain)
         .await
         .map_err(CleanupError::query("running the dry run"))?;
     // Nothing was written; rolling back says so.
-    tx.rollback()
+    session
+        .client
+        .batch_execute(sql::DRY_RUN_END)
         .await
         .map_err(CleanupError::query("ending the dry run"))?;
     Ok(report)
 }
 
 async fn read(
-    client: &impl tokio_postgres::GenericClient,
+    client: &Conn<'_>,
     cleanup: &CleanupConfig,
     retention: Option<&RetentionConfig>,
     explain: bool,
@@ -188,11 +188,9 @@ async fn read(
         };
         let no_cursor: Option<DateTime<Utc>> = None;
         let limit = i64::from(cleanup.batch_size);
+        let explain = format!("EXPLAIN {}", client.text(statement));
         let lines = client
-            .query(
-                &format!("EXPLAIN {statement}"),
-                &[&cutoff, &no_cursor, &cutoff, &limit],
-            )
+            .query_rendered(&explain, &[&cutoff, &no_cursor, &cutoff, &limit])
             .await?;
         let mut text = String::new();
         for line in lines {
@@ -223,8 +221,8 @@ async fn read(
 }
 
 async fn top(
-    client: &impl tokio_postgres::GenericClient,
-    statement: &str,
+    client: &Conn<'_>,
+    statement: &'static str,
     cutoff: DateTime<Utc>,
 ) -> Result<Vec<DueCount>, tokio_postgres::Error> {
     client

@@ -8,8 +8,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
 use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
@@ -18,7 +17,8 @@ use super::run::RunLimits;
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, OnLocked};
 use crate::db::pipeline::Pipelined;
-use crate::db::{self, DbError, ErrorClass};
+use crate::db::statement::Ready;
+use crate::db::{self, Conn, DbError, ErrorClass, Param};
 use crate::metrics::Metrics;
 
 /// Attempts per batch when it fails with a deadlock (40P01) or serialization failure (40001).
@@ -83,13 +83,24 @@ enum BatchResult {
     LockTimeout,
 }
 
+/// The parameter types of [`sql::BATCH_SETTINGS`]: lock_timeout, statement_timeout.
+static BATCH_SETTINGS_TYPES: [Type; 2] = [Type::TEXT, Type::TEXT];
+
+/// The parameter types of every batch statement: bound, from, to, limit.
+static BATCH_TYPES: [Type; 4] = [
+    Type::TIMESTAMPTZ,
+    Type::TIMESTAMPTZ,
+    Type::TIMESTAMPTZ,
+    Type::INT8,
+];
+
 /// One run's batch engine: the session, the prepared transaction frame, the run's limits and its
 /// running figures.
 pub(super) struct Engine<'a> {
-    client: &'a Client,
-    begin: Statement,
-    batch_settings: Statement,
-    commit: Statement,
+    conn: Conn<'a>,
+    begin: Ready,
+    batch_settings: Ready,
+    commit: Ready,
     cleanup: &'a CleanupConfig,
     limits: RunLimits,
     shutdown: &'a CancellationToken,
@@ -105,27 +116,27 @@ pub(super) struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    /// An engine on `client`, with BEGIN, the batch settings and COMMIT prepared once: every
-    /// batch is then one pipelined round trip.
+    /// An engine on `conn`, with BEGIN, the batch settings and COMMIT prepared once (named
+    /// statements; through a transaction pooler unnamed ones, sent whole each batch): every batch
+    /// is then one pipelined round trip.
     pub(super) async fn new(
-        client: &'a Client,
+        conn: Conn<'a>,
         cleanup: &'a CleanupConfig,
         limits: RunLimits,
         shutdown: &'a CancellationToken,
         meter: Meter<'a>,
         started: Instant,
     ) -> Result<Engine<'a>, CleanupError> {
-        let prepare = |text: &'static str| async move {
-            client
-                .prepare(text)
+        let prepare = |text: &'static str, types: &'static [Type]| async move {
+            conn.prepare(text, types)
                 .await
                 .map_err(CleanupError::query("preparing the batch transaction"))
         };
         Ok(Engine {
-            client,
-            begin: prepare(db::sql::BEGIN_READ_COMMITTED).await?,
-            batch_settings: prepare(sql::BATCH_SETTINGS).await?,
-            commit: prepare(db::sql::COMMIT).await?,
+            conn,
+            begin: prepare(db::sql::BEGIN_READ_COMMITTED, &[]).await?,
+            batch_settings: prepare(sql::BATCH_SETTINGS, &BATCH_SETTINGS_TYPES).await?,
+            commit: prepare(db::sql::COMMIT, &[]).await?,
             cleanup,
             limits,
             shutdown,
@@ -155,13 +166,13 @@ impl<'a> Engine<'a> {
     ) -> Result<PhaseResult, CleanupError> {
         let (wait_sql, skip_sql) = phase.statements();
         let wait = self
-            .client
-            .prepare(wait_sql)
+            .conn
+            .prepare(wait_sql, &BATCH_TYPES)
             .await
             .map_err(CleanupError::query("preparing the batch statement"))?;
         let skip = self
-            .client
-            .prepare(skip_sql)
+            .conn
+            .prepare(skip_sql, &BATCH_TYPES)
             .await
             .map_err(CleanupError::query("preparing the batch statement"))?;
         let waits = self.cleanup.on_locked == OnLocked::Wait;
@@ -270,7 +281,7 @@ impl<'a> Engine<'a> {
     async fn batch(
         &mut self,
         phase: Phase,
-        statement: &Statement,
+        statement: &Ready,
         bound: Key,
         pass: &Pass,
     ) -> Result<BatchResult, CleanupError> {
@@ -346,22 +357,22 @@ impl<'a> Engine<'a> {
     /// statement ends, and the batch applies whole or not at all.
     async fn transaction(
         &self,
-        statement: &Statement,
+        statement: &Ready,
         bound: Key,
         pass: &Pass,
     ) -> Result<BatchRows, DbError> {
         let limit = i64::from(self.cleanup.batch_size);
         let from = pass.cursor();
         let to = pass.to();
-        let settings: [&(dyn ToSql + Sync); 2] = [&self.lock_timeout, &self.statement_timeout];
-        let params: [&(dyn ToSql + Sync); 4] = [&bound, &from, &to, &limit];
+        let settings: [&dyn Param; 2] = [&self.lock_timeout, &self.statement_timeout];
+        let params: [&dyn Param; 4] = [&bound, &from, &to, &limit];
         let row = Pipelined {
             begin: &self.begin,
             settings: &self.batch_settings,
             statement,
             commit: &self.commit,
         }
-        .query_one(self.client, &settings, &params)
+        .query_one(self.conn.client(), &settings, &params)
         .await
         .map_err(|failure| DbError::Query(failure.error))?;
         let picked: i64 = row.try_get(0)?;

@@ -9,7 +9,7 @@
 
 use super::CleanupError;
 use crate::config::DatabaseConfig;
-use crate::db::{self, Session};
+use crate::db::{self, Pooler, Session};
 
 /// The advisory-lock key text for a schema: `tombstoned:cleanup:<schema>`, so two deployments in
 /// different schemas of one database do not exclude each other. Hashed by the server with
@@ -25,6 +25,9 @@ pub fn lease_key(schema: &str) -> String {
 pub struct Lease {
     session: Session,
     key: String,
+    /// False through a transaction pooler, where no advisory lock is taken (see
+    /// [`Lease::try_acquire`]).
+    locked: bool,
 }
 
 impl Lease {
@@ -35,20 +38,40 @@ impl Lease {
             .await
             .map_err(CleanupError::Connect)?;
         let key = lease_key(&db.schema);
+        if db.pooler == Pooler::Transaction {
+            // A session-level advisory lock would stay on whichever server connection the pooler
+            // gave this statement, held for nobody. Runs may then overlap, which is safe.
+            tracing::warn!(
+                "database.pooler = \"transaction\": the advisory-lock cleanup lease is not taken, \
+                 so cleanup runs of several instances may overlap (safe, only wasteful)"
+            );
+            return Ok(Some(Lease {
+                session,
+                key,
+                locked: false,
+            }));
+        }
         let acquired: bool = session
-            .client
+            .conn()
             .query_one(db::sql::ADVISORY_TRY_LOCK, &[&key])
             .await
             .and_then(|row| row.try_get(0))
             .map_err(CleanupError::query("taking the cleanup lease"))?;
-        Ok(acquired.then_some(Lease { session, key }))
+        Ok(acquired.then_some(Lease {
+            session,
+            key,
+            locked: true,
+        }))
     }
 
     /// Releases the lock and closes the session.
     #[tracing::instrument(skip_all)]
     pub async fn release(self) -> Result<(), CleanupError> {
+        if !self.locked {
+            return Ok(());
+        }
         self.session
-            .client
+            .conn()
             .query_one(db::sql::ADVISORY_UNLOCK, &[&self.key])
             .await
             .map_err(CleanupError::query("releasing the cleanup lease"))?;

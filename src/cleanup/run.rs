@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use super::engine::{Engine, Meter, Phase, PhaseResult};
@@ -13,7 +12,7 @@ use super::keyset::{Key, KeyRange};
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
-use crate::db;
+use crate::db::{self, pipeline, Conn, Param};
 use crate::metrics::Metrics;
 
 /// Limits a caller puts on one run, on top of the configuration's `cleanup.max_run_time`.
@@ -86,22 +85,16 @@ async fn run_inner(
     let session = db::connect(db, "cleanup")
         .await
         .map_err(CleanupError::Connect)?;
-    let client = &session.client;
-    client
-        .query_one(
-            db::sql::SET_STATEMENT_TIMEOUT,
-            &[&db::sql::duration_setting(cleanup.statement_timeout)],
-        )
+    let conn = session.conn();
+    // Each statement outside the batches is its own transaction with the server-side bound set
+    // transaction-local (nothing stays set on a session a pooler hands on).
+    let statement_timeout = db::sql::duration_setting(cleanup.statement_timeout);
+    let cutoff: DateTime<Utc> = bounded(&conn, &statement_timeout, sql::CUTOFF, &[])
         .await
-        .map_err(CleanupError::query("configuring the cleanup session"))?;
-    let cutoff: DateTime<Utc> = client
-        .query_one(sql::CUTOFF, &[])
-        .await
-        .map_err(CleanupError::query("reading the cutoff"))?
-        .try_get(0)
+        .and_then(|row| row.try_get(0))
         .map_err(CleanupError::query("reading the cutoff"))?;
 
-    let mut engine = Engine::new(client, cleanup, limits, shutdown, meter, started).await?;
+    let mut engine = Engine::new(conn, cleanup, limits, shutdown, meter, started).await?;
 
     let tombstoning = engine.phase(Phase::Tombstone, cutoff).await?;
     let mut stopped = tombstoning.stopped;
@@ -125,7 +118,7 @@ async fn run_inner(
     }
 
     let (backlog_rows, oldest_due_deadline) =
-        backlog(client, cutoff, tombstoning.left.ranges()).await?;
+        backlog(&conn, &statement_timeout, cutoff, tombstoning.left.ranges()).await?;
     let duration = started.elapsed();
     let stopped_by = stopped.unwrap_or(StopReason::Finished);
     let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
@@ -180,7 +173,8 @@ pub(crate) fn purge_before(cutoff: DateTime<Utc>, after: Duration) -> Option<Dat
 /// did not reach, what it passed over), so the count does not walk the entries it left dead.
 #[tracing::instrument(skip_all)]
 async fn backlog(
-    client: &Client,
+    conn: &Conn<'_>,
+    statement_timeout: &str,
     cutoff: Key,
     ranges: &[KeyRange],
 ) -> Result<(u64, Option<Key>), CleanupError> {
@@ -188,10 +182,14 @@ async fn backlog(
     let mut oldest: Option<Key> = None;
     for range in ranges {
         let to = range.to.min(cutoff);
-        let row = client
-            .query_one(sql::DUE_IN_RANGE, &[&range.from, &to])
-            .await
-            .map_err(CleanupError::query("counting the backlog"))?;
+        let row = bounded(
+            conn,
+            statement_timeout,
+            sql::DUE_IN_RANGE,
+            &[&range.from, &to],
+        )
+        .await
+        .map_err(CleanupError::query("counting the backlog"))?;
         let count: i64 = row
             .try_get(0)
             .map_err(CleanupError::query("counting the backlog"))?;
@@ -205,6 +203,25 @@ async fn backlog(
         };
     }
     Ok((rows, oldest))
+}
+
+/// `template`'s one row, in a transaction of its own with `statement_timeout` set for it: one
+/// pipelined round trip ([`pipeline`]).
+async fn bounded(
+    conn: &Conn<'_>,
+    statement_timeout: &str,
+    template: &'static str,
+    params: &[&dyn Param],
+) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+    pipeline::query_one(
+        conn,
+        db::sql::SET_LOCAL_STATEMENT_TIMEOUT,
+        &[&statement_timeout],
+        template,
+        params,
+    )
+    .await
+    .map_err(|failure| failure.error)
 }
 
 fn per_second(rows: u64, d: Duration) -> f64 {

@@ -1,9 +1,10 @@
 //! Every SQL statement of the cleanup engine, in one place, so the locking protocol reads top to
 //! bottom. docs/cleanup.md explains the choices and has the measurements behind them.
 //!
-//! All statements use unqualified names: sessions start with `search_path` set to the configured
-//! schema. Every value is a parameter. The statements it shares with other parts (each batch's
-//! `BEGIN` and `COMMIT`, the session's `statement_timeout`, the lease's advisory lock) are in
+//! Every statement names the schema (`{schema}.idempotency_records`, rendered by
+//! [`crate::db::sql::qualify`]); no session has a `search_path` set. Every value is a parameter,
+//! every setting transaction-local. The statements it shares with other parts (each batch's
+//! `BEGIN` and `COMMIT`, a transaction's `statement_timeout`, the lease's advisory lock) are in
 //! [`crate::db::sql`].
 //!
 //! # The batch statements
@@ -55,6 +56,12 @@ SELECT set_config('lock_timeout', $1, true),
        set_config('plan_cache_mode', 'force_custom_plan', true),
        set_config('synchronous_commit', 'off', true)";
 
+/// Opens the dry run's transaction: one snapshot for every figure, and nothing written.
+pub const DRY_RUN_BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+
+/// Ends the dry run's transaction.
+pub const DRY_RUN_END: &str = "ROLLBACK";
+
 /// The run's cutoff: the database clock, read once, fixed for the whole run.
 pub const CUTOFF: &str = "SELECT now()";
 
@@ -62,7 +69,7 @@ pub const CUTOFF: &str = "SELECT now()";
 pub const TOMBSTONE_BATCH: &str = "\
 WITH picked AS MATERIALIZED (
     SELECT ctid AS tid, tenant_id, principal_id, operation, idempotency_key, replay_deadline
-    FROM idempotency_records
+    FROM {schema}.idempotency_records
     WHERE NOT expired
       AND replay_deadline >= coalesce($2::timestamptz, '-infinity')
       AND replay_deadline <= $3::timestamptz
@@ -70,7 +77,7 @@ WITH picked AS MATERIALIZED (
     LIMIT $4
 ),
 changed AS (
-    UPDATE idempotency_records AS r
+    UPDATE {schema}.idempotency_records AS r
     SET response_body = NULL, expired = true, expired_at = now()
     FROM (SELECT tid FROM picked
           ORDER BY tenant_id, principal_id, operation, idempotency_key) AS k
@@ -95,7 +102,7 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 pub const TOMBSTONE_BATCH_SKIP_LOCKED: &str = "\
 WITH picked AS MATERIALIZED (
     SELECT ctid AS tid, replay_deadline
-    FROM idempotency_records
+    FROM {schema}.idempotency_records
     WHERE NOT expired
       AND replay_deadline >= coalesce($2::timestamptz, '-infinity')
       AND replay_deadline <= $3::timestamptz
@@ -104,7 +111,7 @@ WITH picked AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 changed AS (
-    UPDATE idempotency_records AS r
+    UPDATE {schema}.idempotency_records AS r
     SET response_body = NULL, expired = true, expired_at = now()
     FROM picked AS k
     WHERE r.ctid = k.tid
@@ -118,7 +125,7 @@ summary AS (
 SELECT s.picked,
        (SELECT count(*) FROM changed) AS changed,
        s.last,
-       (SELECT count(*) FROM idempotency_records
+       (SELECT count(*) FROM {schema}.idempotency_records
         WHERE NOT expired
           AND replay_deadline >= coalesce($2::timestamptz, '-infinity')
           AND replay_deadline < coalesce(s.last, $3::timestamptz + interval '1 microsecond'))
@@ -130,7 +137,7 @@ FROM summary AS s";
 pub const PURGE_BATCH: &str = "\
 WITH picked AS MATERIALIZED (
     SELECT ctid AS tid, tenant_id, principal_id, operation, idempotency_key, expired_at
-    FROM idempotency_records
+    FROM {schema}.idempotency_records
     WHERE expired
       AND expired_at >= coalesce($2::timestamptz, '-infinity')
       AND expired_at <= $3::timestamptz
@@ -138,7 +145,7 @@ WITH picked AS MATERIALIZED (
     LIMIT $4
 ),
 changed AS (
-    DELETE FROM idempotency_records AS r
+    DELETE FROM {schema}.idempotency_records AS r
     USING (SELECT tid FROM picked
            ORDER BY tenant_id, principal_id, operation, idempotency_key) AS k
     WHERE r.ctid = k.tid
@@ -154,7 +161,7 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 pub const PURGE_BATCH_SKIP_LOCKED: &str = "\
 WITH picked AS MATERIALIZED (
     SELECT ctid AS tid, expired_at
-    FROM idempotency_records
+    FROM {schema}.idempotency_records
     WHERE expired
       AND expired_at >= coalesce($2::timestamptz, '-infinity')
       AND expired_at <= $3::timestamptz
@@ -163,7 +170,7 @@ WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 changed AS (
-    DELETE FROM idempotency_records AS r
+    DELETE FROM {schema}.idempotency_records AS r
     USING picked AS k
     WHERE r.ctid = k.tid
       AND r.expired
@@ -176,7 +183,7 @@ summary AS (
 SELECT s.picked,
        (SELECT count(*) FROM changed) AS changed,
        s.last,
-       (SELECT count(*) FROM idempotency_records
+       (SELECT count(*) FROM {schema}.idempotency_records
         WHERE expired
           AND expired_at >= coalesce($2::timestamptz, '-infinity')
           AND expired_at < coalesce(s.last, $3::timestamptz + interval '1 microsecond'))
@@ -190,7 +197,7 @@ FROM summary AS s";
 pub const OUTBOX_RETENTION_BATCH: &str = "\
 WITH picked AS MATERIALIZED (
     SELECT ctid AS tid, event_id, published_at
-    FROM outbox_events
+    FROM {schema}.outbox_events
     WHERE published_at IS NOT NULL
       AND published_at >= coalesce($2::timestamptz, '-infinity')
       AND published_at <= $3::timestamptz
@@ -198,7 +205,7 @@ WITH picked AS MATERIALIZED (
     LIMIT $4
 ),
 changed AS (
-    DELETE FROM outbox_events AS r
+    DELETE FROM {schema}.outbox_events AS r
     USING (SELECT tid FROM picked ORDER BY event_id) AS k
     WHERE r.ctid = k.tid
       AND r.published_at IS NOT NULL
@@ -214,7 +221,7 @@ SELECT (SELECT count(*) FROM picked) AS picked,
 pub const OUTBOX_RETENTION_BATCH_SKIP_LOCKED: &str = "\
 WITH picked AS MATERIALIZED (
     SELECT ctid AS tid, published_at
-    FROM outbox_events
+    FROM {schema}.outbox_events
     WHERE published_at IS NOT NULL
       AND published_at >= coalesce($2::timestamptz, '-infinity')
       AND published_at <= $3::timestamptz
@@ -223,7 +230,7 @@ WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 changed AS (
-    DELETE FROM outbox_events AS r
+    DELETE FROM {schema}.outbox_events AS r
     USING picked AS k
     WHERE r.ctid = k.tid
       AND r.published_at IS NOT NULL
@@ -236,7 +243,7 @@ summary AS (
 SELECT s.picked,
        (SELECT count(*) FROM changed) AS changed,
        s.last,
-       (SELECT count(*) FROM outbox_events
+       (SELECT count(*) FROM {schema}.outbox_events
         WHERE published_at IS NOT NULL
           AND published_at >= coalesce($2::timestamptz, '-infinity')
           AND published_at < coalesce(s.last, $3::timestamptz + interval '1 microsecond'))
@@ -248,7 +255,7 @@ FROM summary AS s";
 /// count does not walk the index entries the run itself just left dead.
 pub const DUE_IN_RANGE: &str = "\
 SELECT count(*), min(replay_deadline)
-FROM idempotency_records
+FROM {schema}.idempotency_records
 WHERE NOT expired
   AND replay_deadline >= coalesce($1::timestamptz, '-infinity')
   AND replay_deadline <= $2::timestamptz";
@@ -256,13 +263,13 @@ WHERE NOT expired
 /// Dry run: rows due at the cutoff `$1`, and the oldest due deadline.
 pub const DRY_RUN_DUE: &str = "\
 SELECT count(*), min(replay_deadline)
-FROM idempotency_records
+FROM {schema}.idempotency_records
 WHERE NOT expired AND replay_deadline <= $1::timestamptz";
 
 /// Dry run: the tenants with the most rows due at `$1`.
 pub const DRY_RUN_TOP_TENANTS: &str = "\
 SELECT tenant_id, count(*) AS due
-FROM idempotency_records
+FROM {schema}.idempotency_records
 WHERE NOT expired AND replay_deadline <= $1::timestamptz
 GROUP BY tenant_id
 ORDER BY due DESC, tenant_id
@@ -271,7 +278,7 @@ LIMIT 10";
 /// Dry run: the operations with the most rows due at `$1`.
 pub const DRY_RUN_TOP_OPERATIONS: &str = "\
 SELECT operation, count(*) AS due
-FROM idempotency_records
+FROM {schema}.idempotency_records
 WHERE NOT expired AND replay_deadline <= $1::timestamptz
 GROUP BY operation
 ORDER BY due DESC, operation
@@ -279,18 +286,18 @@ LIMIT 10";
 
 /// Dry run: tombstones and live records in total (each through its partial index).
 pub const DRY_RUN_TOTALS: &str = "\
-SELECT (SELECT count(*) FROM idempotency_records WHERE expired) AS tombstones,
-       (SELECT count(*) FROM idempotency_records WHERE NOT expired) AS live";
+SELECT (SELECT count(*) FROM {schema}.idempotency_records WHERE expired) AS tombstones,
+       (SELECT count(*) FROM {schema}.idempotency_records WHERE NOT expired) AS live";
 
 /// Dry run: tombstones a purge would delete (`expired_at <= $1`).
 pub const DRY_RUN_PURGEABLE: &str = "\
-SELECT count(*) FROM idempotency_records WHERE expired AND expired_at <= $1::timestamptz";
+SELECT count(*) FROM {schema}.idempotency_records WHERE expired AND expired_at <= $1::timestamptz";
 
 /// Dry run: delivered outbox events in total (through the delivered index).
 pub const DRY_RUN_OUTBOX_DELIVERED: &str =
-    "SELECT count(*) FROM outbox_events WHERE published_at IS NOT NULL";
+    "SELECT count(*) FROM {schema}.outbox_events WHERE published_at IS NOT NULL";
 
 /// Dry run: delivered outbox events retention would delete (`published_at <= $1`).
 pub const DRY_RUN_OUTBOX_DELETABLE: &str = "\
-SELECT count(*) FROM outbox_events
+SELECT count(*) FROM {schema}.outbox_events
 WHERE published_at IS NOT NULL AND published_at <= $1::timestamptz";

@@ -14,7 +14,7 @@ pub(super) async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<Ex
     let mut out = String::new();
     if args.status {
         let session = db::connect(&config.database, "migrate").await?;
-        let status = migrations::status(&session.client, &config.database.schema).await?;
+        let status = migrations::status(&session.conn(), None).await?;
         for m in &status.applied {
             let _ = writeln!(
                 out,

@@ -221,6 +221,10 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if cause.is::<migrations::SchemaNotCurrent>() {
             return Exit::Unavailable;
         }
+        // The configuration points migrate at a transaction pooler: the operator's to fix.
+        if let Some(migrations::MigrationError::TransactionPooler) = cause.downcast_ref() {
+            return Exit::Usage;
+        }
         if let Some(crate::pg_cluster::ClusterError::BinariesNotFound) = cause.downcast_ref() {
             return Exit::Unavailable;
         }

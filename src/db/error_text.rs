@@ -6,6 +6,11 @@
 //! row values (keys, tenants, request fields), which must not leave the process. Passwords never
 //! appear: a connection failure names the server by its redacted URL, and the driver's own texts
 //! carry none.
+//!
+//! A prepared-statement error that only a transaction-mode pooler causes (SQLSTATE 26000 or
+//! 42P05, [`super::pooler::is_misuse_symptom`]) gets [`super::pooler::MISUSE_HINT`] appended,
+//! which names `database.pooler`: every log line, status and CLI error built from this text says
+//! what to change.
 
 use std::error::Error;
 
@@ -23,6 +28,9 @@ pub fn error_text(error: &(dyn Error + 'static)) -> String {
                 server.code().code(),
                 server.message()
             ));
+            if super::pooler::is_misuse_symptom(server.code()) {
+                parts.push(super::pooler::MISUSE_HINT.to_owned());
+            }
             // Its sources are the same server error again, DETAIL included.
             break;
         }

@@ -1,10 +1,14 @@
 //! Schema migrations: the plain `.sql` files of `migrations/`, embedded at compile time and
 //! applied by refinery inside the configured schema, serialised across processes by an
 //! advisory lock so two `migrate` runs at once are safe.
+//!
+//! The migration files name no schema; the migrate session alone sets its `search_path` to the
+//! configured schema (it is a dedicated session, closed after the run). That, the advisory lock
+//! held across the run and refinery's transaction per migration are session state a
+//! transaction-mode pooler does not keep, so `migrate` refuses to run through one
+//! ([`MigrationError::TransactionPooler`]).
 
-use tokio_postgres::Client;
-
-use super::{connect, DbError};
+use super::{connect, pipeline, Conn, DbError, Param, Pooler};
 use crate::config::DatabaseConfig;
 
 mod embedded {
@@ -24,6 +28,14 @@ pub enum MigrationError {
     /// refinery refused or a migration's SQL failed (the migration's transaction rolled back).
     #[error("migration failed")]
     Apply(#[source] refinery::Error),
+    /// `database.pooler = "transaction"`: migrations need a session of their own.
+    #[error(
+        "migrate needs a session of its own (an advisory lock, search_path and refinery's \
+         transactions span statements), which database.pooler = \"transaction\" does not give: \
+         run it with a database.url that connects directly or through a session-mode pooler, \
+         and database.pooler = \"none\" or \"session\""
+    )]
+    TransactionPooler,
 }
 
 impl From<tokio_postgres::Error> for MigrationError {
@@ -105,6 +117,9 @@ fn runner() -> refinery::Runner {
 
 /// Applies every pending migration; returns the ones applied now (empty when already current).
 pub async fn migrate(db: &DatabaseConfig) -> Result<Vec<MigrationInfo>, MigrationError> {
+    if db.pooler == Pooler::Transaction {
+        return Err(MigrationError::TransactionPooler);
+    }
     let mut session = connect(db, "migrate").await?;
     let client = &mut session.client;
     // Same key for every process migrating this schema; released when the session ends even
@@ -116,6 +131,10 @@ pub async fn migrate(db: &DatabaseConfig) -> Result<Vec<MigrationInfo>, Migratio
     // The identifier was validated ([a-z_][a-z0-9_]*); DDL cannot take it as a parameter.
     client
         .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", db.schema))
+        .await?;
+    // The migration files name no schema: this session (and no other) resolves them in it.
+    client
+        .batch_execute(&format!("SET search_path TO \"{}\"", db.schema))
         .await?;
     let report = runner()
         .run_async(client)
@@ -135,25 +154,46 @@ pub async fn migrate(db: &DatabaseConfig) -> Result<Vec<MigrationInfo>, Migratio
         .collect())
 }
 
-/// Compares the database's history with the migrations embedded in this binary. Read-only.
-pub async fn status(client: &Client, schema: &str) -> Result<MigrationStatus, DbError> {
-    let history = format!("{schema}.{HISTORY_TABLE}");
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&history])
-        .await?
-        .get(0);
+/// Whether the history table exists.
+const HISTORY_EXISTS: &str = "SELECT to_regclass('{schema}.schema_history') IS NOT NULL";
+
+/// The history, oldest first (the table name is [`HISTORY_TABLE`]).
+const HISTORY: &str = "SELECT version, name, applied_on, checksum FROM {schema}.schema_history \
+                       ORDER BY version";
+
+/// Compares the database's history (read on `conn`, in its schema) with the migrations embedded
+/// in this binary. Read-only. With `statement_timeout` (as [`super::sql::duration_setting`]
+/// renders it), each read is a transaction with that server-side bound, set transaction-local.
+pub async fn status(
+    conn: &Conn<'_>,
+    statement_timeout: Option<&str>,
+) -> Result<MigrationStatus, DbError> {
+    let read = |template: &'static str, params: &'static [&'static dyn Param]| async move {
+        match statement_timeout {
+            None => conn.query(template, params).await.map_err(DbError::Query),
+            Some(timeout) => pipeline::query(
+                conn,
+                super::sql::SET_LOCAL_STATEMENT_TIMEOUT,
+                &[&timeout],
+                template,
+                params,
+            )
+            .await
+            .map_err(|failure| DbError::Query(failure.error)),
+        }
+    };
+    let exists = read(HISTORY_EXISTS, &[]).await?;
+    let exists: bool = match exists.first() {
+        Some(row) => row.try_get(0)?,
+        None => false,
+    };
     let mut recorded = Vec::new();
     if exists {
-        // The schema name is a validated identifier; the table name is ours.
-        let sql = format!(
-            "SELECT version, name, applied_on, checksum FROM \"{schema}\".{HISTORY_TABLE} \
-             ORDER BY version"
-        );
-        for row in client.query(&sql, &[]).await? {
-            let version: i32 = row.get(0);
-            let name: Option<String> = row.get(1);
-            let applied_on: Option<String> = row.get(2);
-            let checksum: Option<String> = row.get(3);
+        for row in read(HISTORY, &[]).await? {
+            let version: i32 = row.try_get(0)?;
+            let name: Option<String> = row.try_get(1)?;
+            let applied_on: Option<String> = row.try_get(2)?;
+            let checksum: Option<String> = row.try_get(3)?;
             recorded.push((version, name.unwrap_or_default(), applied_on, checksum));
         }
     }
@@ -195,4 +235,16 @@ pub async fn status(client: &Client, schema: &str) -> Result<MigrationStatus, Db
         }
     }
     Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_reads_name_the_table_refinery_keeps() {
+        let table = format!("{{schema}}.{HISTORY_TABLE}");
+        assert!(HISTORY.contains(&table), "{HISTORY}");
+        assert!(HISTORY_EXISTS.contains(&table), "{HISTORY_EXISTS}");
+    }
 }

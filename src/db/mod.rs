@@ -1,7 +1,8 @@
 //! Database plumbing, in one place: the connection settings every session gets and the opening
-//! of pools and dedicated sessions (here), [`Session`], the classification of failures by
-//! SQLSTATE ([`ErrorClass`], never by message text), the one error text safe to show anywhere
-//! ([`error_text`]), and [`migrations`].
+//! of pools and dedicated sessions (here), [`Session`], how statements are sent
+//! ([`statement`], per [`Pooler`]), the classification of failures by SQLSTATE ([`ErrorClass`],
+//! never by message text), the one error text safe to show anywhere ([`error_text`]), and
+//! [`migrations`].
 
 pub mod connect;
 pub mod conninfo;
@@ -10,13 +11,17 @@ mod error;
 mod error_text;
 pub mod migrations;
 pub mod pipeline;
+pub mod pooler;
 mod session;
 pub mod sql;
+pub mod statement;
 pub mod tls;
 
 pub use error::{classify, sqlstate_class, violated_constraint, DbError, ErrorClass};
 pub use error_text::error_text;
+pub use pooler::Pooler;
 pub use session::Session;
+pub use statement::{Conn, Param};
 
 use std::time::Duration;
 
@@ -24,10 +29,11 @@ use crate::config::DatabaseConfig;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 /// The startup parameters for one purpose: the connection string's, plus our
-/// `application_name` (visible in `pg_stat_activity`), the connect timeout and keepalives (for
-/// tools connecting with this configuration directly), and `search_path` set to the configured
-/// schema at connection start-up. Hosts, TLS and the password of tombstoned's own sessions are
-/// decided per attempt by [`connector`].
+/// `application_name` (visible in `pg_stat_activity`), and the connect timeout and keepalives
+/// (for tools connecting with this configuration directly). Nothing else: no `options` (PgBouncer
+/// refuses the parameter), so no `search_path` — statements name the schema
+/// ([`sql::qualify`]). Hosts, TLS and the password of tombstoned's own sessions are decided per
+/// attempt by [`connector`].
 pub fn pg_config(db: &DatabaseConfig, purpose: &str) -> tokio_postgres::Config {
     let conninfo = db.url.conninfo();
     let mut pg = connect::driver_config(conninfo);
@@ -42,13 +48,6 @@ pub fn pg_config(db: &DatabaseConfig, purpose: &str) -> tokio_postgres::Config {
         pg.keepalives_interval(k.interval);
         pg.keepalives_retries(k.retries);
     }
-    // The schema name was validated as a plain lower-case identifier; no quoting needed.
-    let search_path = format!("-c search_path={}", db.schema);
-    let options = match pg.get_options() {
-        Some(existing) if !existing.trim().is_empty() => format!("{existing} {search_path}"),
-        _ => search_path,
-    };
-    pg.options(options);
     pg
 }
 
@@ -63,7 +62,7 @@ pub fn connector(db: &DatabaseConfig, purpose: &str) -> connect::Connector {
 }
 
 /// What `check-config` says about connecting: hosts in order, TLS, where the password comes
-/// from (never the password).
+/// from (never the password), and `database.pooler`.
 pub fn connection_summary(db: &DatabaseConfig) -> Vec<String> {
     let conninfo = db.url.conninfo();
     let settings = connect::ConnectSettings::derive(conninfo, db.connect_timeout);
@@ -94,6 +93,7 @@ pub fn connection_summary(db: &DatabaseConfig) -> Vec<String> {
         _ => "",
     };
     lines.push(format!("password: from {source}{missing}"));
+    lines.push(format!("pooler: {}", db.pooler.describe()));
     lines
 }
 
@@ -150,5 +150,10 @@ pub async fn connect(db: &DatabaseConfig, purpose: &str) -> Result<Session, DbEr
         tls = connected.server.tls,
         "database session opened"
     );
-    Ok(Session::new(connected.client, connected.task))
+    Ok(Session::new(
+        connected.client,
+        connected.task,
+        db.schema.clone(),
+        db.pooler,
+    ))
 }

@@ -1,5 +1,5 @@
 //! The pipelined transaction, written once: `BEGIN; <settings>; <statement>; COMMIT` sent
-//! together, one round trip, as the claim and every cleanup batch run it.
+//! together, one round trip, as the claim, every cleanup batch and every relay statement run it.
 //!
 //! tokio-postgres sends a request when its future is first polled, and `join!(biased; ...)`
 //! polls in the order written, so the order on the wire is the order here. Each request carries
@@ -7,31 +7,38 @@
 //! the server skips the rest of the transaction up to the COMMIT, which then ends it as a
 //! ROLLBACK. The transaction applies whole or not at all, nothing else runs on the session in
 //! between, and the row locks its statement takes are released the moment the statement ends
-//! (the COMMIT is already waiting at the server), not one client round trip later.
+//! (the COMMIT is already waiting at the server), not one client round trip later. The settings
+//! are `set_config(..., true)`: they end with the transaction, so nothing is left on a session a
+//! pooler hands to someone else.
 //!
-//! The statements come prepared: the caller chooses how (the claim through the pool's statement
-//! cache, [`prepare_cached`]; a cleanup run once per run), so each transaction is four Bind/
-//! Execute/Sync messages and no Parse.
+//! Through a transaction-mode pooler this is one transaction too: the server connection is the
+//! client's from BEGIN until COMMIT's ReadyForQuery, and every statement is unnamed
+//! ([`super::statement`]). The caller must be the only one sending on the session while a
+//! pipeline is sent (a pooled connection it holds, or a session driven by one task).
+//!
+//! The statements come ready ([`Ready`]): the caller chooses how (the claim through the pool's
+//! statement cache, [`prepare`]; a cleanup run once per run), so with named statements each
+//! transaction is four Bind/Execute/Sync messages and no Parse.
 
 use std::future::Future;
 
-use deadpool_postgres::ClientWrapper;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Row, Statement};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Row};
 
 use super::sql;
+use super::statement::{types_of, Conn, Param, Ready};
 
-/// The four prepared statements of one pipelined transaction.
+/// The four statements of one pipelined transaction.
 #[derive(Debug, Clone, Copy)]
 pub struct Pipelined<'s> {
-    /// [`sql::BEGIN_READ_COMMITTED`], prepared.
-    pub begin: &'s Statement,
+    /// [`sql::BEGIN_READ_COMMITTED`].
+    pub begin: &'s Ready,
     /// The transaction's settings (`SELECT set_config(..., true)`), run before the statement.
-    pub settings: &'s Statement,
+    pub settings: &'s Ready,
     /// The statement whose rows the transaction returns.
-    pub statement: &'s Statement,
-    /// [`sql::COMMIT`], prepared.
-    pub commit: &'s Statement,
+    pub statement: &'s Ready,
+    /// [`sql::COMMIT`].
+    pub commit: &'s Ready,
 }
 
 /// A failed pipelined transaction: the first error in statement order (later statements only
@@ -49,6 +56,10 @@ impl PipelineFailure {
     fn sent(error: tokio_postgres::Error) -> Self {
         PipelineFailure { error, sent: true }
     }
+
+    fn unsent(error: tokio_postgres::Error) -> Self {
+        PipelineFailure { error, sent: false }
+    }
 }
 
 impl Pipelined<'_> {
@@ -56,10 +67,10 @@ impl Pipelined<'_> {
     pub async fn query(
         self,
         client: &Client,
-        settings: &[&(dyn ToSql + Sync)],
-        params: &[&(dyn ToSql + Sync)],
+        settings: &[&dyn Param],
+        params: &[&dyn Param],
     ) -> Result<Vec<Row>, PipelineFailure> {
-        self.run(client, settings, client.query(self.statement, params))
+        self.run(client, settings, self.statement.query(client, params))
             .await
     }
 
@@ -68,10 +79,21 @@ impl Pipelined<'_> {
     pub async fn query_one(
         self,
         client: &Client,
-        settings: &[&(dyn ToSql + Sync)],
-        params: &[&(dyn ToSql + Sync)],
+        settings: &[&dyn Param],
+        params: &[&dyn Param],
     ) -> Result<Row, PipelineFailure> {
-        self.run(client, settings, client.query_one(self.statement, params))
+        self.run(client, settings, self.statement.query_one(client, params))
+            .await
+    }
+
+    /// Runs the transaction; the number of rows the statement changed.
+    pub async fn execute(
+        self,
+        client: &Client,
+        settings: &[&dyn Param],
+        params: &[&dyn Param],
+    ) -> Result<u64, PipelineFailure> {
+        self.run(client, settings, self.statement.execute(client, params))
             .await
     }
 
@@ -79,15 +101,15 @@ impl Pipelined<'_> {
     async fn run<T>(
         self,
         client: &Client,
-        settings: &[&(dyn ToSql + Sync)],
+        settings: &[&dyn Param],
         statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, PipelineFailure> {
         let (begin, set, main, commit) = tokio::join!(
             biased;
-            client.execute(self.begin, &[]),
-            client.execute(self.settings, settings),
+            self.begin.execute(client, &[]),
+            self.settings.execute(client, settings),
             statement,
-            client.execute(self.commit, &[]),
+            self.commit.execute(client, &[]),
         );
         // The first failure in statement order is the cause.
         begin.map_err(PipelineFailure::sent)?;
@@ -98,19 +120,93 @@ impl Pipelined<'_> {
     }
 }
 
-/// BEGIN, `settings`, `statement` and COMMIT prepared through the pool's statement cache (the
-/// ones not cached yet in one round trip), in that order.
-pub async fn prepare_cached(
-    client: &ClientWrapper,
-    settings: &str,
-    statement: &str,
-) -> Result<[Statement; 4], PipelineFailure> {
+/// BEGIN, `settings`, `statement` and COMMIT made ready on `conn` ([`Conn::ready`]: from the
+/// connection's statement cache, those not cached yet prepared in one round trip; or unnamed),
+/// in that order.
+pub async fn prepare(
+    conn: &Conn<'_>,
+    settings: (&'static str, &[Type]),
+    statement: (&'static str, &[Type]),
+) -> Result<[Ready; 4], PipelineFailure> {
     let (begin, settings, statement, commit) = futures::try_join!(
-        client.prepare_cached(sql::BEGIN_READ_COMMITTED),
-        client.prepare_cached(settings),
-        client.prepare_cached(statement),
-        client.prepare_cached(sql::COMMIT),
+        conn.ready(sql::BEGIN_READ_COMMITTED, &[]),
+        conn.ready(settings.0, settings.1),
+        conn.ready(statement.0, statement.1),
+        conn.ready(sql::COMMIT, &[]),
     )
-    .map_err(|error| PipelineFailure { error, sent: false })?;
+    .map_err(PipelineFailure::unsent)?;
     Ok([begin, settings, statement, commit])
+}
+
+/// One pipelined transaction on `conn`: `BEGIN; settings(settings_params); statement(params);
+/// COMMIT`; the statement's rows.
+pub async fn query(
+    conn: &Conn<'_>,
+    settings: &'static str,
+    settings_params: &[&dyn Param],
+    statement: &'static str,
+    params: &[&dyn Param],
+) -> Result<Vec<Row>, PipelineFailure> {
+    let [begin, set, main, commit] = prepare(
+        conn,
+        (settings, &types_of(settings_params)),
+        (statement, &types_of(params)),
+    )
+    .await?;
+    Pipelined {
+        begin: &begin,
+        settings: &set,
+        statement: &main,
+        commit: &commit,
+    }
+    .query(conn.client(), settings_params, params)
+    .await
+}
+
+/// [`query`], for a statement that returns exactly one row.
+pub async fn query_one(
+    conn: &Conn<'_>,
+    settings: &'static str,
+    settings_params: &[&dyn Param],
+    statement: &'static str,
+    params: &[&dyn Param],
+) -> Result<Row, PipelineFailure> {
+    let [begin, set, main, commit] = prepare(
+        conn,
+        (settings, &types_of(settings_params)),
+        (statement, &types_of(params)),
+    )
+    .await?;
+    Pipelined {
+        begin: &begin,
+        settings: &set,
+        statement: &main,
+        commit: &commit,
+    }
+    .query_one(conn.client(), settings_params, params)
+    .await
+}
+
+/// [`query`], for a statement whose changed-row count is the result.
+pub async fn execute(
+    conn: &Conn<'_>,
+    settings: &'static str,
+    settings_params: &[&dyn Param],
+    statement: &'static str,
+    params: &[&dyn Param],
+) -> Result<u64, PipelineFailure> {
+    let [begin, set, main, commit] = prepare(
+        conn,
+        (settings, &types_of(settings_params)),
+        (statement, &types_of(params)),
+    )
+    .await?;
+    Pipelined {
+        begin: &begin,
+        settings: &set,
+        statement: &main,
+        commit: &commit,
+    }
+    .execute(conn.client(), settings_params, params)
+    .await
 }

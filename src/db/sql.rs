@@ -19,12 +19,13 @@ pub const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// Ends a transaction; a ROLLBACK when a statement in it failed.
 pub const COMMIT: &str = "COMMIT";
 
-/// The session's `statement_timeout` (`is_local = false`: until the session ends), `$1` as
-/// [`duration_setting`] renders it.
-pub const SET_STATEMENT_TIMEOUT: &str = "SELECT set_config('statement_timeout', $1, false)";
+/// The transaction's `statement_timeout` (`is_local = true`: it ends with the transaction, so
+/// nothing is left on a session a pooler hands on), `$1` as [`duration_setting`] renders it.
+pub const SET_LOCAL_STATEMENT_TIMEOUT: &str = "SELECT set_config('statement_timeout', $1, true)";
 
 /// Waits for the session-level advisory lock on the text key `$1` (hashed by the server with
-/// `hashtextextended($1, 0)`; in `pg_locks`: locktype `advisory`, objsubid 1).
+/// `hashtextextended($1, 0)`; in `pg_locks`: locktype `advisory`, objsubid 1). Session state:
+/// never through a transaction pooler.
 pub const ADVISORY_LOCK: &str = "SELECT pg_advisory_lock(hashtextextended($1, 0))";
 
 /// Takes the advisory lock on `$1` if free, without waiting: one boolean, whether it was taken.

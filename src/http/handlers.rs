@@ -461,7 +461,16 @@ fn internal(db: &crate::db::DbError) -> Response {
         ),
         _ => (None, None),
     };
-    tracing::error!(sqlstate = ?code, constraint = ?constraint, "unexpected database error");
+    let misuse = match db {
+        crate::db::DbError::Query(e) => e.code().is_some_and(crate::db::pooler::is_misuse_symptom),
+        _ => false,
+    };
+    if misuse {
+        // Only a transaction-mode pooler loses or mixes our prepared statements: say what to set.
+        tracing::error!(sqlstate = ?code, "{}", crate::db::pooler::MISUSE_HINT);
+    } else {
+        tracing::error!(sqlstate = ?code, constraint = ?constraint, "unexpected database error");
+    }
     Problem::new(ProblemType::InternalError, "Internal error.").into_response()
 }
 
@@ -520,9 +529,10 @@ pub(crate) async fn create_order(
     // future, but the claim still finishes (commits or rolls back) and stays replayable. The
     // admission goes with it, so the key stays counted until the claim really ends.
     let pool = state.pool().clone();
+    let database = Arc::clone(state.database());
     let settings = live.claim.clone();
     let task = state.tasks().spawn(async move {
-        let outcome = claim::claim(&pool, &settings, &request).await;
+        let outcome = claim::claim(&pool, &database, &settings, &request).await;
         drop(admission);
         outcome
     });
@@ -570,7 +580,7 @@ pub(crate) async fn get_order(
     let Some(order_id) = path.ok().and_then(|Path(id)| Uuid::parse_str(&id).ok()) else {
         return not_found();
     };
-    match lookup::order(state.pool(), &principal.tenant, order_id).await {
+    match lookup::order(state.pool(), state.database(), &principal.tenant, order_id).await {
         Ok(Some(order)) => axum::Json(order).into_response(),
         Ok(None) => not_found(),
         Err(e) => lookup_error_response(&state, &e),
@@ -601,7 +611,15 @@ pub(crate) async fn get_key_status(
             .into_response()
         }
     };
-    match lookup::key_status(state.pool(), &principal.tenant, &principal.principal, &key).await {
+    match lookup::key_status(
+        state.pool(),
+        state.database(),
+        &principal.tenant,
+        &principal.principal,
+        &key,
+    )
+    .await
+    {
         Ok(Some(status)) => axum::Json(status).into_response(),
         Ok(None) => Problem::new(
             ProblemType::IdempotencyKeyNotFound,

@@ -13,7 +13,7 @@ use super::key_gate::KeyGate;
 use super::ApiError;
 use crate::auth::TokenSet;
 use crate::claim::ClaimSettings;
-use crate::config::Config;
+use crate::config::{Config, DatabaseConfig};
 use crate::connections::ConnectionLimits;
 use crate::db;
 use crate::metrics::Metrics;
@@ -39,6 +39,8 @@ pub(crate) struct Live {
 
 struct Inner {
     pool: Pool,
+    /// The pool's database: the schema statements name and how they are sent (restart-only).
+    database: Arc<DatabaseConfig>,
     metrics: Arc<Metrics>,
     live: RwLock<Arc<Live>>,
     tasks: TaskTracker,
@@ -91,6 +93,7 @@ impl ApiState {
         Ok(ApiState {
             inner: Arc::new(Inner {
                 pool,
+                database: Arc::new(config.database.clone()),
                 metrics,
                 live: RwLock::new(Arc::new(live)),
                 tasks: TaskTracker::new(),
@@ -132,6 +135,11 @@ impl ApiState {
     /// The API's connection pool.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    /// The database the pool connects to (its `schema` and `pooler` as at start-up).
+    pub fn database(&self) -> &Arc<DatabaseConfig> {
+        &self.inner.database
     }
 
     /// The metrics the API feeds.

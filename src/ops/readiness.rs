@@ -214,19 +214,13 @@ impl ReadinessProbe {
         }
         let session = match session {
             Some(session) => session,
-            None => {
-                let fresh = db::connect(&self.database, PURPOSE).await?;
-                // Server-side bound too, a little under the client's, so a check stuck behind a
-                // lock is cancelled in the database instead of waiting there after we gave up.
-                let statement_timeout = db::sql::duration_setting(self.timeout * 3 / 4);
-                fresh
-                    .client
-                    .execute(db::sql::SET_STATEMENT_TIMEOUT, &[&statement_timeout])
-                    .await?;
-                session.insert(fresh)
-            }
+            None => session.insert(db::connect(&self.database, PURPOSE).await?),
         };
-        migrations::status(&session.client, &self.database.schema).await
+        // Server-side bound too, a little under the client's, so a check stuck behind a lock is
+        // cancelled in the database instead of waiting there after we gave up. Transaction-local:
+        // nothing stays set on a session a pooler hands on.
+        let statement_timeout = db::sql::duration_setting(self.timeout * 3 / 4);
+        migrations::status(&session.conn(), Some(&statement_timeout)).await
     }
 }
 

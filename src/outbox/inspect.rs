@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio_postgres::{GenericClient, IsolationLevel, Row};
+use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::{sql, OutboxError};
 use crate::config::DatabaseConfig;
-use crate::db;
+use crate::db::{self, Conn};
 
 /// Where an undelivered event stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -120,8 +120,8 @@ fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
-/// Reads [`OutboxCounts`] on `client` (any session with the schema on its `search_path`).
-pub async fn counts(client: &impl GenericClient) -> Result<OutboxCounts, tokio_postgres::Error> {
+/// Reads [`OutboxCounts`] on `client`.
+pub async fn counts(client: &Conn<'_>) -> Result<OutboxCounts, tokio_postgres::Error> {
     let row = client.query_one(sql::COUNTS, &[]).await?;
     let oldest: Option<DateTime<Utc>> = row.try_get("oldest_pending")?;
     let now: DateTime<Utc> = row.try_get("now")?;
@@ -148,23 +148,24 @@ pub struct DeliveryPreview {
 async fn read_only<T>(
     db: &DatabaseConfig,
     purpose: &str,
-    read: impl AsyncFnOnce(&tokio_postgres::Transaction<'_>) -> Result<T, tokio_postgres::Error>,
+    read: impl AsyncFnOnce(&Conn<'_>) -> Result<T, tokio_postgres::Error>,
 ) -> Result<T, OutboxError> {
-    let mut session = db::connect(db, purpose)
+    let session = db::connect(db, purpose)
         .await
         .map_err(OutboxError::Connect)?;
-    let tx = session
+    // Simple-protocol BEGIN/ROLLBACK: nothing kept on the session. If a read fails, the session
+    // is dropped with the transaction open, which ends it.
+    session
         .client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
+        .batch_execute(sql::READ_ONLY_BEGIN)
         .await
         .map_err(OutboxError::query("starting a read-only transaction"))?;
-    let value = read(&tx)
+    let value = read(&session.conn())
         .await
         .map_err(OutboxError::query("reading the outbox"))?;
-    tx.rollback()
+    session
+        .client
+        .batch_execute(sql::READ_ONLY_END)
         .await
         .map_err(OutboxError::query("ending a read-only transaction"))?;
     Ok(value)
@@ -175,7 +176,7 @@ async fn read_only<T>(
 pub async fn preview(db: &DatabaseConfig, limit: u32) -> Result<DeliveryPreview, OutboxError> {
     read_only(db, "outbox-dry-run", async |tx| {
         let counts = counts(tx).await?;
-        let now = tx.query_one("SELECT now()", &[]).await?.try_get(0)?;
+        let now = tx.query_one(sql::NOW, &[]).await?.try_get(0)?;
         let rows = tx.query(sql::DUE_NOW, &[&i64::from(limit)]).await?;
         let would_send = rows
             .iter()
@@ -194,7 +195,7 @@ pub async fn list(
 ) -> Result<(OutboxCounts, Vec<EventSummary>), OutboxError> {
     read_only(db, "outbox-admin", async |tx| {
         let counts = counts(tx).await?;
-        let now = tx.query_one("SELECT now()", &[]).await?.try_get(0)?;
+        let now = tx.query_one(sql::NOW, &[]).await?.try_get(0)?;
         let rows = tx
             .query(
                 sql::LIST_UNDELIVERED,
@@ -237,8 +238,8 @@ pub async fn requeue(
         .await
         .map_err(OutboxError::Connect)?;
     let rows = match target {
-        RequeueTarget::Events(ids) => session.client.query(sql::REQUEUE_EVENTS, &[ids]).await,
-        RequeueTarget::AllDeadLetters => session.client.query(sql::REQUEUE_ALL, &[]).await,
+        RequeueTarget::Events(ids) => session.conn().query(sql::REQUEUE_EVENTS, &[ids]).await,
+        RequeueTarget::AllDeadLetters => session.conn().query(sql::REQUEUE_ALL, &[]).await,
     }
     .map_err(OutboxError::query("requeueing dead letters"))?;
     let mut requeued = rows

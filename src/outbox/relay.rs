@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use serde::Serialize;
-use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -15,7 +14,8 @@ use super::policy::{self, Decision, DeliveryOutcome};
 use super::webhook::{AttemptResult, WebhookClient};
 use super::{inspect, sql, Event, OutboxError};
 use crate::config::{DatabaseConfig, OutboxConfig};
-use crate::db::{self, ErrorClass, Session};
+use crate::db::pipeline::{self, PipelineFailure};
+use crate::db::{self, Conn, ErrorClass, Param, Session};
 use crate::metrics::Metrics;
 
 /// Bound on every relay statement. They touch one index range and a few rows.
@@ -23,9 +23,9 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on waiting for a row lock when recording (only a relay whose lease expired, or an
 /// operator's requeue, could hold one).
 const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
-/// Backstop: the server ends any transaction of a relay session left open this long. The relay
-/// never opens one (each statement is its own transaction), so this never fires unless a bug
-/// would otherwise hold locks across a delivery.
+/// Backstop: the server ends any transaction of a relay session left open this long. The relay's
+/// transactions are one pipelined round trip each, so this never fires unless a bug would
+/// otherwise hold locks across a delivery.
 const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// The gauges are refreshed at most this often.
 const GAUGE_REFRESH: Duration = Duration::from_secs(1);
@@ -91,6 +91,12 @@ pub struct Relay {
     instance: String,
     purpose: &'static str,
     metrics: Option<Arc<Metrics>>,
+    /// Every relay transaction's settings ([`sql::SETTINGS`]): statement, lock and
+    /// idle-in-transaction timeouts, as text.
+    timeouts: [String; 3],
+    /// Held while a pipelined transaction is on the wire: deliveries run concurrently on one
+    /// session, and two pipelines interleaved would mix their BEGINs and COMMITs.
+    turn: tokio::sync::Mutex<()>,
 }
 
 impl Relay {
@@ -109,6 +115,12 @@ impl Relay {
             instance: instance_id(),
             purpose,
             metrics,
+            timeouts: [
+                millis(STATEMENT_TIMEOUT),
+                millis(LOCK_TIMEOUT),
+                millis(IDLE_IN_TRANSACTION_TIMEOUT),
+            ],
+            turn: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -117,37 +129,54 @@ impl Relay {
         &self.instance
     }
 
-    /// Opens the relay's own session with its timeouts.
+    /// Opens the relay's own session. Nothing is set on it: every relay statement is a
+    /// transaction that sets its timeouts itself ([`Relay::transaction`]).
     pub async fn connect(&self) -> Result<Session, OutboxError> {
-        let session = db::connect(&self.db, self.purpose)
+        db::connect(&self.db, self.purpose)
             .await
-            .map_err(OutboxError::Connect)?;
-        session
-            .client
-            .query_one(
-                sql::SESSION_SETTINGS,
-                &[
-                    &millis(STATEMENT_TIMEOUT),
-                    &millis(LOCK_TIMEOUT),
-                    &millis(IDLE_IN_TRANSACTION_TIMEOUT),
-                ],
-            )
-            .await
-            .map_err(OutboxError::query("configuring the relay session"))?;
-        Ok(session)
+            .map_err(OutboxError::Connect)
     }
 
-    /// One pass on `client` (a session from [`Relay::connect`]): lease up to `limit` due events,
+    /// `BEGIN; SETTINGS; statement; COMMIT` pipelined on `conn`, one transaction at a time on
+    /// the session; the statement's rows.
+    async fn transaction(
+        &self,
+        conn: &Conn<'_>,
+        statement: &'static str,
+        params: &[&dyn Param],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let settings: [&dyn Param; 3] = [&self.timeouts[0], &self.timeouts[1], &self.timeouts[2]];
+        let _turn = self.turn.lock().await;
+        pipeline::query(conn, sql::SETTINGS, &settings, statement, params)
+            .await
+            .map_err(|failure: PipelineFailure| failure.error)
+    }
+
+    /// [`Relay::transaction`], for a statement whose changed-row count is the result.
+    async fn transaction_execute(
+        &self,
+        conn: &Conn<'_>,
+        statement: &'static str,
+        params: &[&dyn Param],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let settings: [&dyn Param; 3] = [&self.timeouts[0], &self.timeouts[1], &self.timeouts[2]];
+        let _turn = self.turn.lock().await;
+        pipeline::execute(conn, sql::SETTINGS, &settings, statement, params)
+            .await
+            .map_err(|failure: PipelineFailure| failure.error)
+    }
+
+    /// One pass on `session` (from [`Relay::connect`]): lease up to `limit` due events,
     /// send them (at most `outbox.concurrency` at once, no transaction open), record each
     /// result. After `shutdown`, nothing new is sent: leased events not yet sent are released,
     /// deliveries in flight get `outbox.shutdown_grace` and are then abandoned.
     pub async fn deliver_once(
         &self,
-        client: &Client,
+        session: &Session,
         limit: u32,
         shutdown: &CancellationToken,
     ) -> Result<PassReport, OutboxError> {
-        self.pass(client, limit, &[], shutdown)
+        self.pass(&session.conn(), limit, &[], shutdown)
             .await
             .map(|(report, _)| report)
     }
@@ -169,7 +198,7 @@ impl Relay {
             if limit == 0 {
                 break;
             }
-            let (report, picked) = self.pass(&session.client, limit, &seen, shutdown).await?;
+            let (report, picked) = self.pass(&session.conn(), limit, &seen, shutdown).await?;
             total.add(&report);
             if picked.is_empty() {
                 break;
@@ -203,17 +232,17 @@ impl Relay {
                     }
                 }
             }
-            let Some(client) = session.as_ref().map(|s| &s.client) else {
+            let Some(open) = session.as_ref() else {
                 continue;
             };
             if gauges_at.is_none_or(|t| t.elapsed() >= GAUGE_REFRESH) {
                 gauges_at = Some(Instant::now());
-                if let Err(e) = self.refresh_gauges(client).await {
+                if let Err(e) = self.refresh_gauges(&open.conn()).await {
                     tracing::debug!(error = %crate::db::error_text(&e), "outbox gauges not refreshed");
                 }
             }
             match self
-                .deliver_once(client, self.config.batch_size, &shutdown)
+                .deliver_once(open, self.config.batch_size, &shutdown)
                 .await
             {
                 Ok(report) => {
@@ -246,7 +275,7 @@ impl Relay {
         );
     }
 
-    async fn refresh_gauges(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
+    async fn refresh_gauges(&self, client: &Conn<'_>) -> Result<(), tokio_postgres::Error> {
         let Some(m) = &self.metrics else {
             return Ok(());
         };
@@ -263,7 +292,7 @@ impl Relay {
     /// One pass; also returns the ids it leased.
     async fn pass(
         &self,
-        client: &Client,
+        client: &Conn<'_>,
         limit: u32,
         exclude: &[Uuid],
         shutdown: &CancellationToken,
@@ -275,8 +304,9 @@ impl Relay {
         let lease_micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
         // Measured before the pick is sent, so before the server's now() that starts the lease.
         let picked_at = Instant::now();
-        let rows = client
-            .query(
+        let rows = self
+            .transaction(
+                client,
                 sql::PICK,
                 &[
                     &self.instance,
@@ -347,7 +377,7 @@ impl Relay {
     /// Sends one leased event and records the result.
     async fn handle(
         &self,
-        client: &Client,
+        client: &Conn<'_>,
         event: Event,
         start_by: Instant,
         shutdown: &CancellationToken,
@@ -437,54 +467,53 @@ impl Relay {
     /// Records the decision under the lease guard; `Ok(false)` when the lease is no longer ours.
     async fn record(
         &self,
-        client: &Client,
+        client: &Conn<'_>,
         event: &Event,
         decision: &Decision,
         result: &AttemptResult,
     ) -> Result<bool, OutboxError> {
         let status: Option<i16> = result.status().and_then(|s| i16::try_from(s).ok());
         let reason = result.reason();
-        let guard: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&event.event_id, &self.instance, &event.attempts];
+        let guard: [&dyn Param; 3] = [&event.event_id, &self.instance, &event.attempts];
         let rows = match decision {
             Decision::Delivered => {
-                client
-                    .execute(
-                        sql::RECORD_DELIVERED,
-                        &[guard[0], guard[1], guard[2], &status],
-                    )
-                    .await
+                self.transaction_execute(
+                    client,
+                    sql::RECORD_DELIVERED,
+                    &[guard[0], guard[1], guard[2], &status],
+                )
+                .await
             }
             Decision::Retry(delay) => {
                 let micros = i64::try_from(delay.as_micros()).unwrap_or(i64::MAX);
-                client
-                    .execute(
-                        sql::RECORD_RETRY,
-                        &[guard[0], guard[1], guard[2], &status, &reason, &micros],
-                    )
-                    .await
+                self.transaction_execute(
+                    client,
+                    sql::RECORD_RETRY,
+                    &[guard[0], guard[1], guard[2], &status, &reason, &micros],
+                )
+                .await
             }
             Decision::DeadLetter => {
-                client
-                    .execute(
-                        sql::RECORD_DEAD_LETTER,
-                        &[guard[0], guard[1], guard[2], &status, &reason],
-                    )
-                    .await
+                self.transaction_execute(
+                    client,
+                    sql::RECORD_DEAD_LETTER,
+                    &[guard[0], guard[1], guard[2], &status, &reason],
+                )
+                .await
             }
         }
         .map_err(OutboxError::query("recording a delivery result"))?;
         Ok(rows == 1)
     }
 
-    async fn release(&self, client: &Client, event: &Event) -> Result<(), OutboxError> {
-        client
-            .execute(
-                sql::RELEASE_UNATTEMPTED,
-                &[&event.event_id, &self.instance, &event.attempts],
-            )
-            .await
-            .map_err(OutboxError::query("releasing an unsent event"))?;
+    async fn release(&self, client: &Conn<'_>, event: &Event) -> Result<(), OutboxError> {
+        self.transaction_execute(
+            client,
+            sql::RELEASE_UNATTEMPTED,
+            &[&event.event_id, &self.instance, &event.attempts],
+        )
+        .await
+        .map_err(OutboxError::query("releasing an unsent event"))?;
         Ok(())
     }
 

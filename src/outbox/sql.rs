@@ -1,19 +1,29 @@
 //! Every SQL statement of the outbox relay and its commands, in one place, so the leasing
-//! protocol reads top to bottom. Unqualified names (sessions start with `search_path` set to
-//! the configured schema); every value is a parameter.
+//! protocol reads top to bottom. Every statement names the schema (`{schema}.outbox_events`,
+//! rendered by [`crate::db::sql::qualify`]); every value is a parameter.
 //!
-//! Each relay statement is a single statement sent outside any explicit transaction, so each is
-//! its own short transaction: the pick commits before the HTTP call starts, the record is a new
-//! transaction after it ends. The relay's session also carries
-//! `idle_in_transaction_session_timeout`, so even a bug could not keep a transaction open
-//! across a delivery.
+//! Each relay statement is its own short transaction, pipelined with its settings
+//! (`BEGIN; SETTINGS; <statement>; COMMIT` in one round trip, [`crate::db::pipeline`]): the pick
+//! commits before the HTTP call starts, the record is a new transaction after it ends. The
+//! settings are transaction-local, so nothing is left on a session a connection pooler hands to
+//! other clients; they include `idle_in_transaction_session_timeout`, so even a bug could not keep
+//! a transaction open across a delivery.
 
-/// Per relay session: `$1` statement_timeout, `$2` lock_timeout,
-/// `$3` idle_in_transaction_session_timeout (milliseconds, as text).
-pub const SESSION_SETTINGS: &str = "\
-SELECT set_config('statement_timeout', $1, false),
-       set_config('lock_timeout', $2, false),
-       set_config('idle_in_transaction_session_timeout', $3, false)";
+/// Every relay transaction's settings (`is_local = true`): `$1` statement_timeout, `$2`
+/// lock_timeout, `$3` idle_in_transaction_session_timeout (milliseconds, as text).
+pub const SETTINGS: &str = "\
+SELECT set_config('statement_timeout', $1, true),
+       set_config('lock_timeout', $2, true),
+       set_config('idle_in_transaction_session_timeout', $3, true)";
+
+/// Opens the read-only transaction of the inspecting commands: one snapshot, nothing written.
+pub const READ_ONLY_BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+
+/// Ends it.
+pub const READ_ONLY_END: &str = "ROLLBACK";
+
+/// The database clock.
+pub const NOW: &str = "SELECT now()";
 
 /// The condition "due now": pending (neither delivered nor a dead letter), its retry time
 /// reached, no live lease, and every lower-sequence event of its order delivered (head-of-line
@@ -25,7 +35,7 @@ macro_rules! due_condition {
     AND e.next_attempt_at <= now()
     AND (e.locked_until IS NULL OR e.locked_until <= now())
     AND NOT EXISTS (
-        SELECT FROM outbox_events AS earlier
+        SELECT FROM {schema}.outbox_events AS earlier
         WHERE earlier.order_id = e.order_id
           AND earlier.sequence < e.sequence
           AND earlier.published_at IS NULL)"
@@ -51,7 +61,7 @@ macro_rules! event_columns {
 pub const PICK: &str = concat!(
     "WITH due AS (
     SELECT e.event_id
-    FROM outbox_events AS e
+    FROM {schema}.outbox_events AS e
     WHERE ",
     due_condition!(),
     "
@@ -60,7 +70,7 @@ pub const PICK: &str = concat!(
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
-UPDATE outbox_events AS e
+UPDATE {schema}.outbox_events AS e
 SET locked_by = $1,
     locked_until = now() + $2::bigint * interval '1 microsecond',
     attempts = e.attempts + 1
@@ -81,7 +91,7 @@ macro_rules! lease_guard {
 
 /// 2xx: delivered. `$4` the HTTP status.
 pub const RECORD_DELIVERED: &str = concat!(
-    "UPDATE outbox_events
+    "UPDATE {schema}.outbox_events
 SET published_at = now(), last_attempt_at = now(), last_status = $4, last_error = NULL,
     locked_by = NULL, locked_until = NULL
 ",
@@ -91,7 +101,7 @@ SET published_at = now(), last_attempt_at = now(), last_status = $4, last_error 
 /// Not delivered, try again: `$4` status (NULL: no answer), `$5` reason, `$6` delay in
 /// microseconds.
 pub const RECORD_RETRY: &str = concat!(
-    "UPDATE outbox_events
+    "UPDATE {schema}.outbox_events
 SET next_attempt_at = now() + $6::bigint * interval '1 microsecond',
     last_attempt_at = now(), last_status = $4, last_error = $5,
     locked_by = NULL, locked_until = NULL
@@ -101,7 +111,7 @@ SET next_attempt_at = now() + $6::bigint * interval '1 microsecond',
 
 /// Given up: a dead letter until `tombstoned outbox requeue`. `$4` status, `$5` reason.
 pub const RECORD_DEAD_LETTER: &str = concat!(
-    "UPDATE outbox_events
+    "UPDATE {schema}.outbox_events
 SET dead_lettered_at = now(), last_attempt_at = now(), last_status = $4, last_error = $5,
     locked_by = NULL, locked_until = NULL
 ",
@@ -111,7 +121,7 @@ SET dead_lettered_at = now(), last_attempt_at = now(), last_status = $4, last_er
 /// A leased event that was never sent (shutdown, or too late in its lease to start): free it at
 /// once for any relay, and do not count the attempt.
 pub const RELEASE_UNATTEMPTED: &str = concat!(
-    "UPDATE outbox_events
+    "UPDATE {schema}.outbox_events
 SET attempts = attempts - 1, locked_by = NULL, locked_until = NULL
 ",
     lease_guard!()
@@ -126,7 +136,7 @@ SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL) AS pending,
        count(*) FILTER (WHERE dead_lettered_at IS NOT NULL) AS dead_letters,
        count(*) FILTER (WHERE dead_lettered_at IS NULL AND locked_until > now()) AS in_flight,
        now() AS now
-FROM outbox_events
+FROM {schema}.outbox_events
 WHERE published_at IS NULL";
 
 /// The columns of an [`super::EventSummary`].
@@ -144,7 +154,7 @@ pub const DUE_NOW: &str = concat!(
     "SELECT ",
     summary_columns!(),
     "
-FROM outbox_events AS e
+FROM {schema}.outbox_events AS e
 WHERE ",
     due_condition!(),
     "
@@ -158,7 +168,7 @@ pub const LIST_UNDELIVERED: &str = concat!(
     "SELECT ",
     summary_columns!(),
     "
-FROM outbox_events AS e
+FROM {schema}.outbox_events AS e
 WHERE e.published_at IS NULL
   AND (NOT $1::boolean OR e.dead_lettered_at IS NOT NULL)
 ORDER BY e.created_at
@@ -168,14 +178,14 @@ LIMIT $2"
 /// `tombstoned outbox requeue --event ...`: dead letters among `$1` (uuid[]) become pending, due
 /// now, with a fresh count of attempts. Returns the ids requeued.
 pub const REQUEUE_EVENTS: &str = "\
-UPDATE outbox_events
+UPDATE {schema}.outbox_events
 SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = now()
 WHERE event_id = ANY ($1::uuid[]) AND dead_lettered_at IS NOT NULL
 RETURNING event_id";
 
 /// `tombstoned outbox requeue --all-dead-letters`.
 pub const REQUEUE_ALL: &str = "\
-UPDATE outbox_events
+UPDATE {schema}.outbox_events
 SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = now()
 WHERE published_at IS NULL AND dead_lettered_at IS NOT NULL
 RETURNING event_id";

@@ -12,7 +12,11 @@ use crate::harness::TestDb;
 
 #[tokio::test]
 async fn create_returns_201_with_location_and_writes_record_order_and_event_together() {
-    let api = TestApi::start().await;
+    scenario_create(&TestApi::start().await).await;
+}
+
+/// [`create_returns_201_with_location_and_writes_record_order_and_event_together`] on any server (the pooler tests run it through PgBouncer).
+pub(crate) async fn scenario_create(api: &TestApi) {
     let r = api.post(ALICE, "key-1", &order("req-1")).await;
     r.expect(201);
     assert!(!r.replayed());
@@ -77,7 +81,11 @@ async fn create_returns_201_with_location_and_writes_record_order_and_event_toge
 
 #[tokio::test]
 async fn replay_returns_the_stored_status_and_body_byte_for_byte() {
-    let api = TestApi::start().await;
+    scenario_replay(&TestApi::start().await).await;
+}
+
+/// [`replay_returns_the_stored_status_and_body_byte_for_byte`] on any server (the pooler tests run it through PgBouncer).
+pub(crate) async fn scenario_replay(api: &TestApi) {
     let first = api.post(ALICE, "key-1", &order("req-1")).await;
     first.expect(201);
     // The same intent spelled differently: amount forms, field order, explicit defaults,
@@ -125,7 +133,11 @@ async fn replay_returns_the_stored_status_and_body_byte_for_byte() {
 
 #[tokio::test]
 async fn same_key_with_a_different_intent_is_refused_and_never_sees_the_old_body() {
-    let api = TestApi::start().await;
+    scenario_key_reused(&TestApi::start().await).await;
+}
+
+/// [`same_key_with_a_different_intent_is_refused_and_never_sees_the_old_body`] on any server (the pooler tests run it through PgBouncer).
+pub(crate) async fn scenario_key_reused(api: &TestApi) {
     let first = api.post(ALICE, "key-1", &order("req-1")).await;
     first.expect(201);
     let base = order("req-1");
@@ -170,11 +182,15 @@ async fn tombstone_all(api: &TestApi) {
 
 #[tokio::test]
 async fn after_tombstoning_same_intent_is_410_with_the_order_url_and_another_intent_422() {
-    let api = TestApi::start().await;
+    scenario_after_tombstoning(&TestApi::start().await).await;
+}
+
+/// [`after_tombstoning_same_intent_is_410_with_the_order_url_and_another_intent_422`] on any server (the pooler tests run it through PgBouncer).
+pub(crate) async fn scenario_after_tombstoning(api: &TestApi) {
     let first = api.post(ALICE, "key-1", &order("req-1")).await;
     first.expect(201);
     let order_id = first.json()["order_id"].as_str().unwrap().to_owned();
-    tombstone_all(&api).await;
+    tombstone_all(api).await;
 
     let again = api.post(ALICE, "key-1", &order("req-1")).await;
     again.expect(410);
@@ -247,7 +263,11 @@ async fn a_short_replay_window_is_measured_on_the_database_clock() {
 
 #[tokio::test]
 async fn an_existing_request_id_under_a_new_key_replays_for_its_owner_and_conflicts_otherwise() {
-    let api = TestApi::start().await;
+    scenario_duplicate_request_id(&TestApi::start().await).await;
+}
+
+/// [`an_existing_request_id_under_a_new_key_replays_for_its_owner_and_conflicts_otherwise`] on any server (the pooler tests run it through PgBouncer).
+pub(crate) async fn scenario_duplicate_request_id(api: &TestApi) {
     let first = api.post(ALICE, "key-1", &order("req-1")).await;
     first.expect(201);
 
@@ -464,7 +484,11 @@ async fn tenants_and_principals_are_isolated() {
 
 #[tokio::test]
 async fn the_order_and_key_status_reads() {
-    let api = TestApi::start().await;
+    scenario_reads(&TestApi::start().await).await;
+}
+
+/// [`the_order_and_key_status_reads`] on any server (the pooler tests run it through PgBouncer).
+pub(crate) async fn scenario_reads(api: &TestApi) {
     let created = api.post(ALICE, "key/with:odd~chars", &order("req-1")).await;
     created.expect(201);
     let body = created.json();

@@ -289,7 +289,7 @@ async fn commit_lost_before_reaching_the_server_is_outcome_unknown_and_the_retry
     assert_eq!(received.len(), 3, "{received:#?}");
     assert!(received[0].starts_with("BEGIN"), "{received:#?}");
     assert!(
-        received[2].contains("INSERT INTO idempotency_records"),
+        received[2].contains("INSERT INTO \"tombstoned\".idempotency_records"),
         "the claim reached the server before the cut: {received:#?}"
     );
     // It rolled back: nothing of it is visible, and the retry creates the order exactly once.

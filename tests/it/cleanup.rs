@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tombstoned::cleanup::{self, sql, Lease, RunLimits, RunOutcome, StopReason};
+use tombstoned::db::sql::qualify;
 use tombstoned::metrics::Metrics;
 
 use crate::cleanup_support::*;
@@ -574,7 +575,7 @@ async fn batch_cost_follows_the_batch_not_the_tombstones() {
             .query_one(
                 &format!(
                     "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
-                    sql::TOMBSTONE_BATCH
+                    qualify(sql::TOMBSTONE_BATCH, "tombstoned")
                 ),
                 &[&cutoff, &no_cursor, &cutoff, &BATCH],
             )
@@ -970,7 +971,7 @@ async fn cli_exits_69_when_the_database_is_unreachable() {
 /// for a whole-table batch of 1000 at `cutoff`.
 async fn batch_plan(
     client: &tokio_postgres::Client,
-    statement: &str,
+    statement: &'static str,
     cutoff: chrono::DateTime<chrono::Utc>,
 ) -> serde_json::Value {
     let no_cursor: Option<chrono::DateTime<chrono::Utc>> = None;
@@ -981,7 +982,7 @@ async fn batch_plan(
         .unwrap();
     let plan = client
         .query_one(
-            &format!("EXPLAIN (FORMAT JSON) {statement}"),
+            &format!("EXPLAIN (FORMAT JSON) {}", qualify(statement, "tombstoned")),
             &[&cutoff, &no_cursor, &cutoff, &1000i64],
         )
         .await

@@ -79,6 +79,11 @@ fn init() -> Harness {
     }
 }
 
+/// The server the harness creates test databases on (host, port and the admin role).
+pub fn server() -> &'static tokio_postgres::Config {
+    &harness().admin
+}
+
 /// The throwaway cluster, when the harness started one (fault tests restart it).
 pub fn cluster() -> Option<&'static ThrowawayCluster> {
     harness().cluster.as_ref()
@@ -147,10 +152,12 @@ impl TestDb {
         config_for(&self.url, env)
     }
 
-    /// A raw session with `search_path` set to the schema, as the daemon's sessions have.
+    /// A raw direct session with `search_path` set to the schema, so tests' own SQL can leave
+    /// it unqualified (the daemon's statements name it instead; nothing set on its sessions).
     pub async fn client(&self) -> Client {
         let config = self.config();
-        let pg = tombstoned::db::pg_config(&config.database, "test");
+        let mut pg = tombstoned::db::pg_config(&config.database, "test");
+        pg.options(format!("-c search_path={}", config.database.schema));
         connect_config(&pg).await
     }
 }

@@ -27,6 +27,8 @@ mod ops_server;
 mod ops_support;
 mod outbox;
 mod outbox_support;
+mod pooler;
+mod pooler_support;
 mod prometheus;
 mod readiness;
 mod replay_locks;

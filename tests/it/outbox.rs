@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
 use tombstoned::cleanup::{self, RunLimits};
 use tombstoned::config::Config;
-use tombstoned::db::migrations;
+use tombstoned::db::{migrations, Conn, Pooler};
 use tombstoned::outbox::Relay;
 use uuid::Uuid;
 
@@ -874,7 +874,9 @@ async fn v2_upgrades_a_populated_v1_database_and_its_events_are_then_delivered()
 
     let upgraded = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(upgraded.iter().map(|m| m.version).collect::<Vec<_>>(), [2]);
-    let status = migrations::status(&client, "tombstoned").await.unwrap();
+    let status = migrations::status(&Conn::dedicated(&client, "tombstoned", Pooler::None), None)
+        .await
+        .unwrap();
     assert!(status.is_current(), "{status:?}");
     let rows = client
         .query(

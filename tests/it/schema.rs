@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
-use tombstoned::db::migrations;
+use tombstoned::db::{migrations, Conn, Pooler};
 
 use crate::harness::{binary, TestDb};
 
@@ -14,7 +14,9 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
     let db = TestDb::empty().await;
     let config = db.config();
     let client = db.client().await;
-    let before = migrations::status(&client, "tombstoned").await.unwrap();
+    let before = migrations::status(&Conn::dedicated(&client, "tombstoned", Pooler::None), None)
+        .await
+        .unwrap();
     assert!(before.applied.is_empty());
     assert_eq!(before.pending.len(), 2, "{before:?}");
     assert!(before.problem().unwrap().contains("tombstoned migrate"));
@@ -24,7 +26,9 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
     let second = migrations::migrate(&config.database).await.unwrap();
     assert!(second.is_empty(), "second run applied {second:?}");
 
-    let after = migrations::status(&client, "tombstoned").await.unwrap();
+    let after = migrations::status(&Conn::dedicated(&client, "tombstoned", Pooler::None), None)
+        .await
+        .unwrap();
     assert!(after.is_current(), "{after:?}");
     assert_eq!(after.applied.len(), 2);
 }

@@ -310,7 +310,9 @@ pub fn metric_value(text: &str, series: &str) -> f64 {
 /// A session on `url` with `search_path` set to the schema, as the daemon's sessions have.
 pub async fn connect(url: &str, purpose: &str) -> Client {
     let config = harness::config_for(url, &[]);
-    let pg = tombstoned::db::pg_config(&config.database, purpose);
+    let mut pg = tombstoned::db::pg_config(&config.database, purpose);
+    // For the tests' own unqualified SQL; the daemon's statements name the schema.
+    pg.options(format!("-c search_path={}", config.database.schema));
     let (client, connection) = pg.connect(NoTls).await.expect("connect");
     tokio::spawn(async move {
         let _ = connection.await;

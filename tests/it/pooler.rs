@@ -1,0 +1,395 @@
+//! tombstoned through a real PgBouncer (Debian's 1.18, which keeps no prepared statements in
+//! transaction mode), once in session mode and once in transaction mode, with two server
+//! connections per database so that clients share them: the API's claim/replay/conflict
+//! scenarios, a cleanup run, a dry run, readiness and the outbox relay; afterwards no setting,
+//! prepared statement or advisory lock is left on any server connection. Also: `migrate`
+//! refuses a transaction pooler in one line, and a transaction pooler configured as
+//! `pooler = "none"` is named in the error. The daemon connects through PgBouncer; the tests'
+//! observer sessions connect directly.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use futures::future::join_all;
+use tokio_util::sync::CancellationToken;
+use tombstoned::cleanup::{self, RunLimits};
+use tombstoned::config::Config;
+use tombstoned::db::migrations::{self, MigrationError};
+use tombstoned::ops::readiness::{Readiness, ReadinessProbe};
+use tombstoned::outbox::Relay;
+
+use crate::api::{
+    scenario_after_tombstoning, scenario_create, scenario_duplicate_request_id,
+    scenario_key_reused, scenario_reads, scenario_replay,
+};
+use crate::api_support::{order, TestApi, ALICE, BOB};
+use crate::daemon_support::{self, Daemon, Spec};
+use crate::harness::{config_for, TestDb};
+use crate::outbox_support::{secret_file, Receiver};
+use crate::pooler_support::{PgBouncer, PoolMode};
+
+/// Server connections per database in transaction mode: fewer than the API's concurrent
+/// claims, so clients share them.
+const TRANSACTION_POOL_SIZE: u32 = 2;
+
+/// In session mode each client keeps its server connection: room for the API's pool (8 here),
+/// the readiness and relay sessions.
+const SESSION_POOL_SIZE: u32 = 16;
+
+/// The API's `database.pool_size` in these tests.
+const API_POOL_SIZE: &str = "8";
+
+fn pool_size(mode: PoolMode) -> u32 {
+    match mode {
+        PoolMode::Session => SESSION_POOL_SIZE,
+        PoolMode::Transaction => TRANSACTION_POOL_SIZE,
+    }
+}
+
+/// The configuration of `db` reached through `bouncer`, with `pooler` set and `env` on top.
+fn through(bouncer: &PgBouncer, db: &TestDb, pooler: &str, env: &[(&str, &str)]) -> Config {
+    let url = bouncer.url(&db.name);
+    let mut vars = vec![
+        ("TOMBSTONED_DATABASE_URL", url.as_str()),
+        ("TOMBSTONED_DATABASE__POOLER", pooler),
+        ("TOMBSTONED_DATABASE__POOL_SIZE", API_POOL_SIZE),
+    ];
+    vars.extend_from_slice(env);
+    config_for(&db.url, &vars)
+}
+
+/// An in-process API server on a fresh database, connected through `bouncer`.
+async fn api_through(bouncer: &PgBouncer, mode: PoolMode) -> TestApi {
+    let db = TestDb::new().await;
+    let url = bouncer.url(&db.name);
+    TestApi::start_on(
+        db,
+        &[
+            ("TOMBSTONED_DATABASE_URL", &url),
+            ("TOMBSTONED_DATABASE__POOLER", mode.setting()),
+            ("TOMBSTONED_DATABASE__POOL_SIZE", API_POOL_SIZE),
+        ],
+    )
+    .await
+}
+
+type Scenario = for<'a> fn(&'a TestApi) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+/// The API test scenarios (tests/it/api.rs) this suite runs through the pooler.
+fn scenarios() -> Vec<(&'static str, Scenario)> {
+    vec![
+        ("create", |api| Box::pin(scenario_create(api))),
+        ("replay", |api| Box::pin(scenario_replay(api))),
+        ("key reused", |api| Box::pin(scenario_key_reused(api))),
+        ("duplicate request id", |api| {
+            Box::pin(scenario_duplicate_request_id(api))
+        }),
+        ("reads", |api| Box::pin(scenario_reads(api))),
+        ("after tombstoning", |api| {
+            Box::pin(scenario_after_tombstoning(api))
+        }),
+    ]
+}
+
+/// The API scenarios, concurrent claims, a dry run, a cleanup run, readiness and the relay,
+/// all through `bouncer`.
+async fn suite(bouncer: &PgBouncer, mode: PoolMode) {
+    for (name, scenario) in scenarios() {
+        let api = api_through(bouncer, mode).await;
+        eprintln!("pooler {mode:?}: scenario {name}");
+        scenario(&api).await;
+        api.stop().await;
+    }
+
+    // Concurrent claims (more than the pool's server connections): new keys, and one key
+    // claimed by many requests at once.
+    let api = api_through(bouncer, mode).await;
+    let fresh = join_all((0..12).map(|i| {
+        let api = &api;
+        async move {
+            api.post(
+                BOB,
+                &format!("burst-{i}"),
+                &order(&format!("burst-req-{i}")),
+            )
+            .await
+        }
+    }))
+    .await;
+    for r in &fresh {
+        r.expect(201);
+    }
+    let body = order("one-req");
+    let same = join_all((0..8).map(|_| api.post(ALICE, "one-key", &body))).await;
+    let mut order_ids = Vec::new();
+    for r in &same {
+        match r.status {
+            201 => order_ids.push(r.json()["order_id"].as_str().unwrap().to_owned()),
+            // Another request with the key was still in flight: retry later, nothing done.
+            409 => assert_eq!(r.problem(), "request-in-progress", "{}", r.text),
+            other => panic!("unexpected {other}: {}", r.text),
+        }
+    }
+    order_ids.dedup();
+    assert_eq!(order_ids.len(), 1, "one order for one key: {order_ids:?}");
+    assert_eq!(api.counts().await, (13, 13, 13));
+
+    // Everything claimed is due now: a dry run, a cleanup run (several batches), the relay.
+    let observer = api.db.client().await;
+    observer
+        .execute(
+            "UPDATE idempotency_records SET replay_deadline = now() - interval '1 second'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let config = through(
+        bouncer,
+        &api.db,
+        mode.setting(),
+        &[("TOMBSTONED_CLEANUP__BATCH_SIZE", "4")],
+    );
+    let preview = cleanup::dry_run(&config.database, &config.cleanup, true)
+        .await
+        .unwrap_or_else(|e| panic!("dry run through {mode:?}: {}", e.summary()));
+    assert_eq!(preview.rows_due, 13);
+    assert!(preview
+        .plan
+        .is_some_and(|p| p.contains("idempotency_records")));
+    let never = CancellationToken::new();
+    let report = cleanup::run_once(
+        &config.database,
+        &config.cleanup,
+        &config.retention,
+        RunLimits::default(),
+        &never,
+        None,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cleanup through {mode:?}: {}", e.summary()));
+    assert_eq!(report.rows_tombstoned, 13);
+    assert!(report.batches >= 4, "{report:?}");
+    assert_eq!(report.backlog_rows, 0);
+    let tombstones: i64 = observer
+        .query_one(
+            "SELECT count(*) FROM idempotency_records WHERE expired",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tombstones, 13);
+
+    let probe = ReadinessProbe::new(config.database.clone());
+    assert_eq!(probe.check().await, Readiness::Ready);
+
+    let receiver = Receiver::start(&api.db).await;
+    let (_secret_dir, secret) = secret_file();
+    let secret = secret.display().to_string();
+    let relay_config = through(
+        bouncer,
+        &api.db,
+        mode.setting(),
+        &[
+            ("TOMBSTONED_OUTBOX__ENDPOINT", &receiver.url),
+            ("TOMBSTONED_OUTBOX__SECRET_FILE", &secret),
+        ],
+    );
+    let relay = Relay::new(
+        &relay_config.database,
+        &relay_config.outbox,
+        "outbox-deliver",
+        None,
+    )
+    .unwrap();
+    let delivered = relay
+        .drain(None, &never)
+        .await
+        .unwrap_or_else(|e| panic!("relay through {mode:?}: {e}"));
+    assert_eq!(
+        (delivered.picked, delivered.delivered),
+        (13, 13),
+        "{delivered:?}"
+    );
+    assert_eq!(receiver.stats().requests, 13);
+    drop(relay);
+    drop(probe);
+    api.stop().await;
+}
+
+/// No setting, prepared statement (transaction mode) or advisory lock left behind.
+async fn assert_nothing_left(bouncer: &PgBouncer, mode: PoolMode, db: &TestDb) {
+    let states = bouncer.server_connection_state(&db.name).await;
+    let mut pids: Vec<i32> = states.iter().map(|s| s.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    assert_eq!(
+        pids.len(),
+        bouncer.pool_size as usize,
+        "every server connection seen: {states:?}"
+    );
+    for state in &states {
+        assert!(state.is_clean(), "{mode:?}: a setting was left: {state:?}");
+        if mode == PoolMode::Transaction {
+            assert_eq!(
+                state.prepared_statements, 0,
+                "a named statement outlived its transaction: {state:?}"
+            );
+        }
+    }
+    let observer = db.client().await;
+    let locks: i64 = observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+             WHERE l.locktype = 'advisory' AND a.datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(locks, 0, "an advisory lock was left");
+}
+
+async fn run_mode(mode: PoolMode) {
+    let bouncer = PgBouncer::start(mode, pool_size(mode)).await;
+    suite(&bouncer, mode).await;
+
+    // The daemon itself through the pooler: it starts (schema check), /readyz is 200, a claim
+    // and its replay work; then nothing is left on the server connections.
+    let db = TestDb::new().await;
+    let daemon = Daemon::start(
+        Spec::new(&bouncer.url(&db.name))
+            .env("TOMBSTONED_DATABASE__POOLER", mode.setting())
+            .env("TOMBSTONED_DATABASE__POOL_SIZE", API_POOL_SIZE),
+    )
+    .await;
+    daemon.ops_get("/readyz").await.expect(200);
+    let first = daemon
+        .create_order(daemon_support::ALICE, "daemon-key", &order("daemon-req"))
+        .await;
+    first.expect(201);
+    let again = daemon
+        .create_order(daemon_support::ALICE, "daemon-key", &order("daemon-req"))
+        .await;
+    again.expect(201);
+    assert!(again.replayed());
+    assert_eq!(again.text, first.text);
+    if mode == PoolMode::Session {
+        // Its sessions keep their server connections until they close.
+        daemon.signal(nix::sys::signal::Signal::SIGTERM);
+        let mut daemon = daemon;
+        assert!(daemon.wait_exit(daemon_support::PATIENCE).await.success());
+        assert_nothing_left(&bouncer, mode, &db).await;
+    } else {
+        // Checked while the daemon runs: between transactions it holds no server connection.
+        assert_nothing_left(&bouncer, mode, &db).await;
+        drop(daemon);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_works_through_pgbouncer_in_session_mode() {
+    run_mode(PoolMode::Session).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_works_through_pgbouncer_in_transaction_mode() {
+    run_mode(PoolMode::Transaction).await;
+}
+
+#[tokio::test]
+async fn migrate_refuses_a_transaction_pooler_in_one_line() {
+    let db = TestDb::new().await;
+    let config = config_for(&db.url, &[("TOMBSTONED_DATABASE__POOLER", "transaction")]);
+    let error = migrations::migrate(&config.database).await.unwrap_err();
+    assert!(
+        matches!(error, MigrationError::TransactionPooler),
+        "{error:?}"
+    );
+    let text = error.to_string();
+    assert!(!text.contains('\n'), "{text}");
+    assert!(
+        text.contains("directly") && text.contains("session-mode pooler"),
+        "{text}"
+    );
+}
+
+/// `pooler = "none"` in front of a transaction pooler: the API's named statements, prepared on
+/// one server connection, are run on another. The error names `database.pooler`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_pooler_configured_as_none_is_named_in_the_error() {
+    let bouncer = PgBouncer::start(PoolMode::Transaction, TRANSACTION_POOL_SIZE).await;
+    let db = TestDb::new().await;
+    let daemon =
+        Daemon::start(Spec::new(&bouncer.url(&db.name)).env("TOMBSTONED_DATABASE__POOLER", "none"))
+            .await;
+    // Server connection 1 held by an open transaction: the daemon's first claim prepares its
+    // statements on connection 2.
+    let holder1 = bouncer.client(&db.name).await;
+    holder1.simple_query("BEGIN; SELECT 1").await.unwrap();
+    daemon
+        .create_order(daemon_support::ALICE, "k1", &order("r1"))
+        .await
+        .expect(201);
+    // Now connection 2 is held and 1 free: the next claim runs its named statements on 1.
+    let holder2 = bouncer.client(&db.name).await;
+    holder2.simple_query("BEGIN; SELECT 1").await.unwrap();
+    holder1.simple_query("ROLLBACK").await.unwrap();
+    let failed = daemon
+        .create_order(daemon_support::ALICE, "k2", &order("r2"))
+        .await;
+    assert!(failed.status >= 500, "{}: {}", failed.status, failed.text);
+    let line = daemon.wait_for_log(&["database.pooler"]).await;
+    assert!(
+        line.contains("26000") || line.contains("transaction"),
+        "{line}"
+    );
+    holder2.simple_query("ROLLBACK").await.unwrap();
+}
+
+/// What unnamed statements cost on the claim path: sequential claims of new keys over HTTP on a
+/// direct connection, `pooler = "none"` (statements prepared once per pooled connection) against
+/// `"transaction"` (every statement unnamed: parsed and planned each time), alternating, median
+/// of several runs. A measurement, not a check: run it alone with
+/// `cargo test --release --test it unnamed_statement_cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run it alone on a quiet machine"]
+async fn unnamed_statement_cost() {
+    const CLAIMS: usize = 300;
+    const RUNS: usize = 7;
+    let mut times = [Vec::new(), Vec::new()];
+    for run in 0..RUNS {
+        for (slot, pooler) in ["none", "transaction"].into_iter().enumerate() {
+            let api = TestApi::start_with(&[("TOMBSTONED_DATABASE__POOLER", pooler)]).await;
+            // Warm-up: connections opened, statements cached.
+            for i in 0..20 {
+                api.post(BOB, &format!("warm-{i}"), &order(&format!("warm-{i}")))
+                    .await
+                    .expect(201);
+            }
+            let started = std::time::Instant::now();
+            for i in 0..CLAIMS {
+                api.post(
+                    BOB,
+                    &format!("k-{run}-{i}"),
+                    &order(&format!("r-{run}-{i}")),
+                )
+                .await
+                .expect(201);
+            }
+            times[slot].push(started.elapsed().as_secs_f64() * 1e6 / CLAIMS as f64);
+            api.stop().await;
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let named = median(&mut times[0]);
+    let unnamed = median(&mut times[1]);
+    eprintln!(
+        "claim latency, median of {RUNS} runs of {CLAIMS}: prepared {named:.0} µs, unnamed \
+         {unnamed:.0} µs, ratio {:.3}",
+        unnamed / named
+    );
+}
