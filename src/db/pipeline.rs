@@ -24,7 +24,7 @@ use super::sql;
 /// The four prepared statements of one pipelined transaction.
 #[derive(Debug, Clone, Copy)]
 pub struct Pipelined<'s> {
-    /// [`sql::BEGIN_READ_COMMITTED`], prepared.
+    /// [`sql::BEGIN_READ_COMMITTED`] (or [`sql::BEGIN_READ_ONLY`]), prepared.
     pub begin: &'s Statement,
     /// The transaction's settings (`SELECT set_config(..., true)`), run before the statement.
     pub settings: &'s Statement,
@@ -105,8 +105,18 @@ pub async fn prepare_cached(
     settings: &str,
     statement: &str,
 ) -> Result<[Statement; 4], PipelineFailure> {
+    prepare_cached_with(client, sql::BEGIN_READ_COMMITTED, settings, statement).await
+}
+
+/// [`prepare_cached`] with another BEGIN (e.g. [`sql::BEGIN_READ_ONLY`]).
+pub async fn prepare_cached_with(
+    client: &ClientWrapper,
+    begin: &str,
+    settings: &str,
+    statement: &str,
+) -> Result<[Statement; 4], PipelineFailure> {
     let (begin, settings, statement, commit) = futures::try_join!(
-        client.prepare_cached(sql::BEGIN_READ_COMMITTED),
+        client.prepare_cached(begin),
         client.prepare_cached(settings),
         client.prepare_cached(statement),
         client.prepare_cached(sql::COMMIT),
