@@ -269,3 +269,154 @@ async fn one_shot_cleanup_on_a_silent_database_ends_within_its_bounds() {
         log.trim()
     );
 }
+
+/// Makes `db` read-only (or writable again) the way an operator would without a failover,
+/// `default_transaction_read_only` — per database, since the cluster is shared by concurrent
+/// tests — and terminates its other sessions (57P01), so the API's pooled connections die
+/// under it and the new ones see the setting.
+async fn set_read_only(db: &TestDb, admin: &tokio_postgres::Client, on: bool) {
+    let setting = if on {
+        "SET default_transaction_read_only = on"
+    } else {
+        "RESET default_transaction_read_only"
+    };
+    admin
+        .batch_execute(&format!("ALTER DATABASE {} {setting}", db.name))
+        .await
+        .unwrap();
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
+/// POSTs until the answer is not a 503 (a connection terminated under the pool answers 503
+/// once, then is gone), at most `tries` times; never a 500.
+async fn post_past_evictions(
+    api: &TestApi,
+    key: &str,
+    body: &serde_json::Value,
+    tries: usize,
+) -> Reply {
+    let mut reply = api.post(ALICE, key, body).await;
+    for _ in 1..tries {
+        assert_ne!(reply.status, 500, "{reply:?}");
+        if reply.status != 503 {
+            break;
+        }
+        assert_unavailable_503(&reply);
+        reply = api.post(ALICE, key, body).await;
+    }
+    assert_ne!(reply.status, 500, "{reply:?}");
+    reply
+}
+
+/// Item 10 and the failover bullets: a read-only database (the same 25006 a demoted primary
+/// gives) answers new claims 503 + Retry-After, replays of committed keys with the stored
+/// answer, byte for byte, and key reuse / expired keys 422 / 410; readiness says not ready.
+/// Terminated backends (57P01) are evicted; after the flip back, claims succeed without a
+/// restart. Before: every POST 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_refuses_claims_but_answers_replays_and_heals_after() {
+    let api = TestApi::start_with(&[("TOMBSTONED_DATABASE__POOL_SIZE", "2")]).await;
+    let admin = api.db.client().await;
+    let first = api.post(ALICE, "ro-committed", &order("req-ro-1")).await;
+    first.expect(201);
+    api.post(ALICE, "ro-expired", &order("req-ro-2"))
+        .await
+        .expect(201);
+    admin
+        .execute(
+            "UPDATE idempotency_records SET replay_deadline = now() - interval '1 second'
+             WHERE idempotency_key = 'ro-expired'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let probe = ReadinessProbe::new(api.db.config().database.clone())
+        .with_max_age(Duration::ZERO)
+        .with_api(api.state.pool().clone(), api.state.health().clone());
+    assert_eq!(probe.check().await, Readiness::Ready);
+
+    set_read_only(&api.db, &admin, true).await;
+    let replay = post_past_evictions(&api, "ro-committed", &order("req-ro-1"), 4).await;
+    replay.expect(201);
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(
+        replay.text, first.text,
+        "the replay is byte for byte the first answer"
+    );
+    post_past_evictions(&api, "ro-committed", &order("req-ro-other"), 4)
+        .await
+        .expect(422);
+    post_past_evictions(&api, "ro-expired", &order("req-ro-2"), 4)
+        .await
+        .expect(410);
+    for i in 0..3 {
+        let claim = api.post(ALICE, "ro-new", &order("req-ro-new")).await;
+        assert_unavailable_503(&claim);
+        if i == 2 {
+            println!("read-only: new claim {} {}", claim.status, claim.text);
+        }
+    }
+    match probe.check().await {
+        Readiness::NotReady(reason @ NotReady::ReadOnly(_)) => println!("readiness: {reason}"),
+        other => panic!("expected not ready (read-only), got {other:?}"),
+    }
+
+    set_read_only(&api.db, &admin, false).await;
+    post_past_evictions(&api, "ro-new", &order("req-ro-new"), 4)
+        .await
+        .expect(201);
+    assert_eq!(probe.check().await, Readiness::Ready);
+}
+
+/// Item 4: `serve` whose scheduled cleaner is stuck on a silent database finishes SIGTERM well
+/// within the unit's `TimeoutStopSec=45s`. Before: still running 40 s after "draining".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_a_cleaner_stuck_on_a_silent_database_stops_within_its_bound() {
+    use crate::daemon_support::{Daemon, Spec};
+    let db = TestDb::new().await;
+    let upstream = upstream_port(&db);
+    let proxy = SilentProxy::start(upstream).await;
+    seed_live(&db.client().await, "stuck", 50_000, "2020-01-01T00:00:00Z").await;
+    let mut daemon = Daemon::start(Spec::new(&proxy.url(&db.url, upstream)).config(
+        "[database]\nconnect_timeout = \"2s\"\n\
+             [cleanup]\nschedule = \"* * * * * *\"\nbatch_size = 20\n\
+             pause_between_batches = \"100ms\"\nstatement_timeout = \"30s\"\n",
+    ))
+    .await;
+    let observer = db.client().await;
+    let started = Instant::now();
+    loop {
+        let done: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM idempotency_records WHERE expired",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if done >= 100 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no run started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.silence_all();
+    tokio::time::sleep(Duration::from_millis(500)).await; // the run is now waiting on a batch
+    let signalled = Instant::now();
+    daemon.signal(Signal::SIGTERM);
+    let status = daemon.wait_exit(Duration::from_secs(40)).await;
+    let took = signalled.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", daemon.log());
+    assert!(took < Duration::from_secs(30), "{took:?}: {}", daemon.log());
+    println!("serve, cleaner stuck on a silent database: SIGTERM done in {took:?}");
+}
