@@ -86,9 +86,13 @@ pub enum NotReady {
         /// How long ago, in whole seconds.
         ago_secs: u64,
     },
-    /// A pooled connection could not be had or did not answer in time.
+    /// A pooled connection failed or did not answer in time.
     #[error("API connection pool unhealthy: {0}")]
     PoolUnhealthy(String),
+    /// No pooled connection was free within the check's bound: every one is in use (load) or
+    /// held by requests waiting on a silent database (they end at their deadlines).
+    #[error("API connection pool busy: {0}")]
+    PoolBusy(String),
     /// Migrations are pending, unknown to this binary, or differ from it.
     #[error("schema not current: {0}")]
     SchemaNotCurrent(String),
@@ -226,10 +230,16 @@ impl ReadinessProbe {
         if readiness.is_ready()
             || matches!(
                 readiness,
-                Readiness::NotReady(NotReady::ReadOnly(_) | NotReady::ResourcesExhausted { .. })
+                Readiness::NotReady(
+                    NotReady::ReadOnly(_)
+                        | NotReady::ResourcesExhausted { .. }
+                        | NotReady::PoolBusy(_)
+                )
             )
         {
-            // The database answered: what the watchdog needs (a restart cures neither state).
+            // The database answered: what the watchdog needs. A restart cures neither a
+            // read-only server nor a full disk, and a busy pool is load (or requests that end at
+            // their deadlines, after which the next check meets the silent connections).
             *self
                 .last_ready_at
                 .lock()
@@ -272,7 +282,7 @@ impl ReadinessProbe {
         }
         match probe_pool(pool, self.timeout).await {
             Ok(()) => Readiness::Ready,
-            Err(reason) => Readiness::NotReady(NotReady::PoolUnhealthy(reason)),
+            Err(reason) => Readiness::NotReady(reason),
         }
     }
 
@@ -318,16 +328,32 @@ impl ReadinessProbe {
 /// One pooled connection, checked out and answering `SELECT 1`, each within `bound`. A
 /// connection that fails is discarded; one that stays silent is discarded along with every idle
 /// one (opened the same way, over the same path: as suspect), so the pool reconnects.
-async fn probe_pool(pool: &Pool, bound: Duration) -> Result<(), String> {
+async fn probe_pool(pool: &Pool, bound: Duration) -> Result<(), NotReady> {
+    let busy = || {
+        NotReady::PoolBusy(format!(
+            "no pooled connection free within {}",
+            humantime::format_duration(bound)
+        ))
+    };
+    // Busy only when every connection is in use; a wait that ran out while a connection was
+    // being opened means opening one failed to finish: unhealthy.
+    let all_in_use = || {
+        let status = pool.status();
+        status.size >= status.max_size && status.available == 0
+    };
     let client = match tokio::time::timeout(bound, pool.get()).await {
         Ok(Ok(client)) => client,
-        Ok(Err(e)) => return Err(db::error_text(&DbError::Pool(e))),
-        Err(_) => {
-            return Err(format!(
-                "no pooled connection free within {}",
-                humantime::format_duration(bound)
-            ))
+        Ok(Err(deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait))) => {
+            return Err(busy())
         }
+        Err(_) if all_in_use() => return Err(busy()),
+        Err(_) => {
+            return Err(NotReady::PoolUnhealthy(format!(
+                "no pooled connection could be opened within {}",
+                humantime::format_duration(bound)
+            )))
+        }
+        Ok(Err(e)) => return Err(NotReady::PoolUnhealthy(db::error_text(&DbError::Pool(e)))),
     };
     match db::deadline::within(
         bound,
@@ -339,7 +365,7 @@ async fn probe_pool(pool: &Pool, bound: Duration) -> Result<(), String> {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => {
             db::discard(client);
-            Err(db::error_text(&DbError::Query(e)))
+            Err(NotReady::PoolUnhealthy(db::error_text(&DbError::Query(e))))
         }
         Err(timeout) => {
             db::discard(client);
@@ -348,7 +374,7 @@ async fn probe_pool(pool: &Pool, bound: Duration) -> Result<(), String> {
                 retired,
                 "a pooled connection is silent; discarded with the idle ones"
             );
-            Err(db::error_text(&timeout))
+            Err(NotReady::PoolUnhealthy(db::error_text(&timeout)))
         }
     }
 }

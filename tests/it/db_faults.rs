@@ -420,3 +420,31 @@ async fn serve_with_a_cleaner_stuck_on_a_silent_database_stops_within_its_bound(
     assert!(took < Duration::from_secs(30), "{took:?}: {}", daemon.log());
     println!("serve, cleaner stuck on a silent database: SIGTERM done in {took:?}");
 }
+
+/// Item 2, the watchdog's side: a pool whose connections all hang (new ones too) is not ready,
+/// and the probe stops vouching for the database (`last_ready_age` keeps growing, so the
+/// watchdog stops petting after its tolerance) although its own session answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_hangs_is_not_ready_and_stops_vouching_to_the_watchdog() {
+    let (api, proxy) = api_through_proxy("2").await;
+    let probe = ReadinessProbe::new(api.db.config().database.clone())
+        .with_max_age(Duration::ZERO)
+        .with_api(api.state.pool().clone(), api.state.health().clone());
+    assert_eq!(probe.check().await, Readiness::Ready);
+    proxy.silence_all();
+    let silenced = Instant::now();
+    for _ in 0..3 {
+        match probe.check().await {
+            Readiness::NotReady(NotReady::PoolUnhealthy(reason)) => println!("hung pool: {reason}"),
+            other => panic!("expected not ready (pool), got {other:?}"),
+        }
+    }
+    let age = probe.last_ready_age().unwrap();
+    assert!(
+        age >= silenced.elapsed() - Duration::from_millis(50),
+        "{age:?}"
+    );
+    proxy.resume();
+    assert_eq!(probe.check().await, Readiness::Ready);
+    assert!(probe.last_ready_age().unwrap() < Duration::from_secs(1));
+}
