@@ -91,6 +91,21 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         None
     };
 
+    // Signals: SIGHUP reloads; the first SIGTERM/SIGINT stops gracefully, a second exits at once.
+    // Installed before /readyz can answer 200: a client that saw "ready" may signal at once, and
+    // a signal that arrives before its handler would kill the process (SIGHUP's default). One
+    // that arrives during the rest of start-up is acted on when the main loop begins.
+    let signalled = CancellationToken::new();
+    GracefulStop::install()?.spawn(
+        signalled.clone(),
+        Some(
+            "shutting down: draining API requests, finishing the current cleanup batch and the \
+             outbox deliveries in flight",
+        ),
+        "second signal: exiting at once",
+    );
+    let mut hup = signal(SignalKind::hangup()).context("cannot install a handler for SIGHUP")?;
+
     let stop_work = CancellationToken::new(); // API, scheduler and outbox relay
     let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
     let readiness = ReadinessProbe::new(config.database.clone());
@@ -163,17 +178,6 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         "tombstoned ready"
     );
 
-    // Signals: SIGHUP reloads; the first SIGTERM/SIGINT stops gracefully, a second exits at once.
-    let signalled = CancellationToken::new();
-    GracefulStop::install()?.spawn(
-        signalled.clone(),
-        Some(
-            "shutting down: draining API requests, finishing the current cleanup batch and the \
-             outbox deliveries in flight",
-        ),
-        "second signal: exiting at once",
-    );
-    let mut hup = signal(SignalKind::hangup()).context("cannot install a handler for SIGHUP")?;
     let mut current = Arc::new(config);
     loop {
         tokio::select! {
