@@ -90,6 +90,11 @@ pub async fn dry_run(
     dry_run_with_purge(db, cleanup, None, explain).await
 }
 
+/// At most how many statements a dry run's read sends (settings, cutoff, counts, tops, totals,
+/// purge and outbox previews, the plans with `--explain`): its client-side bound is that many
+/// `cleanup.statement_timeout`s.
+const DRY_RUN_STATEMENTS: u32 = 16;
+
 /// [`dry_run`], plus what the retention purge would delete when `retention` configures it.
 #[tracing::instrument(skip_all, fields(schema = %db.schema))]
 pub async fn dry_run_with_purge(
@@ -101,21 +106,28 @@ pub async fn dry_run_with_purge(
     let mut session = db::connect(db, "cleanup-dry-run")
         .await
         .map_err(CleanupError::Connect)?;
-    let tx = session
-        .client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await
-        .map_err(CleanupError::query("starting the dry run"))?;
-    let report = read(&tx, cleanup, retention, explain)
-        .await
-        .map_err(CleanupError::query("running the dry run"))?;
+    let bound = cleanup.statement_timeout;
+    let tx = super::bounded(
+        bound,
+        "starting the dry run",
+        session
+            .client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start(),
+    )
+    .await?;
+    // Every statement of the read is bounded by statement_timeout on the server; the client
+    // bounds the whole read by that many of them, so a silent database fails it.
+    let report = super::bounded(
+        bound.saturating_mul(DRY_RUN_STATEMENTS),
+        "running the dry run",
+        read(&tx, cleanup, retention, explain),
+    )
+    .await?;
     // Nothing was written; rolling back says so.
-    tx.rollback()
-        .await
-        .map_err(CleanupError::query("ending the dry run"))?;
+    super::bounded(bound, "ending the dry run", tx.rollback()).await?;
     Ok(report)
 }
 
