@@ -38,6 +38,11 @@ const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often the readiness probe refreshes on its own (it also feeds the watchdog); never less
 /// often than the watchdog pings.
 const READINESS_REFRESH: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the cleanup scheduler: a run's stop grace, a bounded lease
+/// release, and slack. With the API drain and the relay's bound it stays well inside the unit's
+/// `TimeoutStopSec=45s`.
+const SCHEDULER_STOP_BOUND: Duration = Duration::from_secs(10);
+
 /// On top of `outbox.shutdown_grace`: how long the relay may take to release what it leased but
 /// did not send and to record what just finished (a few bounded statements).
 const RELAY_STOP_SLACK: Duration = Duration::from_secs(30);
@@ -86,9 +91,28 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         None
     };
 
+    // Signals: SIGHUP reloads; the first SIGTERM/SIGINT stops gracefully, a second exits at once.
+    // Installed before /readyz can answer 200: a client that saw "ready" may signal at once, and
+    // a signal that arrives before its handler would kill the process (SIGHUP's default). One
+    // that arrives during the rest of start-up is acted on when the main loop begins.
+    let signalled = CancellationToken::new();
+    GracefulStop::install()?.spawn(
+        signalled.clone(),
+        Some(
+            "shutting down: draining API requests, finishing the current cleanup batch and the \
+             outbox deliveries in flight",
+        ),
+        "second signal: exiting at once",
+    );
+    let mut hup = signal(SignalKind::hangup()).context("cannot install a handler for SIGHUP")?;
+
     let stop_work = CancellationToken::new(); // API, scheduler and outbox relay
     let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
-    let readiness = Arc::new(ReadinessProbe::new(config.database.clone()));
+    let readiness = ReadinessProbe::new(config.database.clone());
+    let readiness = Arc::new(match &api {
+        Some((state, _)) => readiness.with_api(state.pool().clone(), state.health().clone()),
+        None => readiness,
+    });
     // The API's state reports its pool's connections on /metrics (Metrics::observe_pool).
     let ops_state =
         OpsState::new(metrics.clone(), readiness.clone()).with_limits(ConnectionLimits {
@@ -154,17 +178,6 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         "tombstoned ready"
     );
 
-    // Signals: SIGHUP reloads; the first SIGTERM/SIGINT stops gracefully, a second exits at once.
-    let signalled = CancellationToken::new();
-    GracefulStop::install()?.spawn(
-        signalled.clone(),
-        Some(
-            "shutting down: draining API requests, finishing the current cleanup batch and the \
-             outbox deliveries in flight",
-        ),
-        "second signal: exiting at once",
-    );
-    let mut hup = signal(SignalKind::hangup()).context("cannot install a handler for SIGHUP")?;
     let mut current = Arc::new(config);
     loop {
         tokio::select! {
@@ -191,8 +204,20 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             ),
         }
     }
-    if let Err(e) = scheduler_task.await {
-        tracing::error!(error = %e, "cleanup scheduler task failed");
+    // Bounded whatever the database does: the run gives its batch in flight STOP_GRACE, the
+    // lease release is bounded too; past this the task is dropped (its sessions close, the
+    // server rolls back and releases the lease when it hears of it).
+    let mut scheduler_task = scheduler_task;
+    match tokio::time::timeout(SCHEDULER_STOP_BOUND, &mut scheduler_task).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "cleanup scheduler task failed"),
+        Err(_) => {
+            scheduler_task.abort();
+            tracing::warn!(
+                timeout = ?SCHEDULER_STOP_BOUND,
+                "the cleanup run did not stop in time; abandoned (the database rolls back its batch)"
+            );
+        }
     }
     if let Some(task) = relay_task {
         // Cancelled with the rest above, so its grace has been running meanwhile.

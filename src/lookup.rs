@@ -1,6 +1,8 @@
 //! Read-only lookups behind the GET routes: an order within the caller's tenant, and the status
 //! of an idempotency key within the caller's scope — never its stored body.
 
+use std::time::Duration;
+
 use chrono::{DateTime, SecondsFormat, Utc};
 use deadpool_postgres::Pool;
 use serde::Serialize;
@@ -105,6 +107,12 @@ impl LookupError {
     }
 }
 
+/// The client-side bound on one lookup once it holds a connection: one indexed read, so the
+/// claim's statement allowance plus the deadline's slack.
+pub const LOOKUP_DEADLINE: Duration = Duration::from_secs(
+    crate::claim::STATEMENT_ALLOWANCE.as_secs() + db::deadline::SLACK.as_secs(),
+);
+
 fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
@@ -119,9 +127,18 @@ async fn query_opt(
         .get()
         .await
         .map_err(|e| LookupError::Unavailable(DbError::Pool(e)))?;
-    let result = Conn::pooled(&client, &database.schema, database.pooler)
-        .query_opt(sql, params)
-        .await;
+    let conn = Conn::pooled(&client, &database.schema, database.pooler);
+    let bounded =
+        db::deadline::within(LOOKUP_DEADLINE, "the lookup", conn.query_opt(sql, params)).await;
+    let result = match bounded {
+        Ok(result) => result,
+        Err(timeout) => {
+            // Silent or stuck: discarded with its idle siblings, as a timed-out claim's are.
+            db::discard(client);
+            db::retire_idle(pool);
+            return Err(LookupError::Unavailable(timeout));
+        }
+    };
     result.map_err(|e| {
         let class = db::classify(&e);
         db::discard(client);

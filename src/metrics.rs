@@ -13,7 +13,13 @@ use prometheus::{
 };
 
 /// Outcomes of a cleanup run (`tombstoned_cleanup_runs_total{outcome}`).
-pub const RUN_OUTCOMES: &[&str] = &["success", "failed", "skipped_lease", "partial"];
+pub const RUN_OUTCOMES: &[&str] = &[
+    "success",
+    "failed",
+    "skipped_lease",
+    "skipped_read_only",
+    "partial",
+];
 /// Outcomes of a cleanup batch (`tombstoned_cleanup_batches_total{outcome}`).
 pub const BATCH_OUTCOMES: &[&str] = &["committed", "lock_timeout", "retried", "failed"];
 /// Outcomes of a claim (`tombstoned_claims_total{outcome}`).
@@ -171,7 +177,7 @@ impl Metrics {
                 &r,
                 "tombstoned_cleanup_runs_total",
                 "Cleanup runs by outcome: success, failed, skipped_lease (another instance held \
-                 the lease), partial (stopped by max_run_time, --max-batches or shutdown with \
+                 the lease), skipped_read_only (the server refuses writes), partial (stopped by max_run_time, --max-batches or shutdown with \
                  rows still due).",
                 &["outcome"],
             )?,

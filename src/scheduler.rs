@@ -367,6 +367,33 @@ async fn fire(
             database_reachable,
         }
     };
+    // On a standby or a read-only database every batch would fail with 25006: skip, say why.
+    match cleanup::server_refuses_writes(db, &config.cleanup).await {
+        Ok(None) => {}
+        Ok(Some(reason)) => {
+            metrics
+                .cleanup_runs
+                .with_label_values(&[RunOutcome::SkippedReadOnly.label()])
+                .inc();
+            tracing::warn!(reason, "cleanup run skipped: the server refuses writes");
+            return done(
+                RunOutcome::SkippedReadOnly,
+                None,
+                Some(format!("skipped: {reason}")),
+                true,
+            );
+        }
+        Err(e) => {
+            metrics
+                .cleanup_runs
+                .with_label_values(&[RunOutcome::Failed.label()])
+                .inc();
+            metrics.db_error(e.sqlstate_class());
+            let error = e.summary();
+            tracing::warn!(error = %error, "cleanup run failed; next try at the next fire time");
+            return done(RunOutcome::Failed, None, Some(error), !e.is_unavailable());
+        }
+    }
     let lease = match Lease::try_acquire(db).await {
         Ok(Some(lease)) => lease,
         Ok(None) => {

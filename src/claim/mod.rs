@@ -63,6 +63,7 @@ pub mod sql;
 
 pub use sql::STATEMENTS;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -94,11 +95,30 @@ pub struct ClaimSettings {
     pub lock_timeout: Duration,
     /// How long a stored response is replayable (`retention.replay_window`).
     pub replay_window: Duration,
+    /// The schema the statements written with `{schema}` name (`database.schema`).
+    pub schema: String,
 }
+
+/// What a claim's statements may take on top of their lock waits before the client gives up on
+/// the database (module [`crate::db::deadline`]): they take milliseconds; this is for a loaded
+/// server, not part of the protocol.
+pub const STATEMENT_ALLOWANCE: Duration = Duration::from_secs(3);
 
 impl ClaimSettings {
     fn lock_timeout_setting(&self) -> String {
         db::sql::duration_setting(self.lock_timeout)
+    }
+
+    /// The client-side bound on one claim once it holds a connection: an owner attempt and a
+    /// replay attempt, each of which may wait `lock_timeout` for a row lock, plus
+    /// [`STATEMENT_ALLOWANCE`] and the deadline's slack. Past it the database is taken to be
+    /// silent: the connection is discarded and the request answered 503.
+    pub fn deadline(&self) -> Duration {
+        db::deadline::beyond(
+            self.lock_timeout
+                .saturating_mul(2)
+                .saturating_add(STATEMENT_ALLOWANCE),
+        )
     }
 
     fn replay_window_micros(&self) -> i64 {
@@ -255,9 +275,29 @@ pub async fn claim(
         .await
         .map_err(|e| ClaimError::Unavailable(DbError::Pool(e)))?;
     let conn = Conn::pooled(&client, &database.schema, database.pooler);
-    let result = protocol::claim_on(&conn, settings, req).await;
+    let commit_sent = AtomicBool::new(false);
+    let bounded = db::deadline::within(
+        settings.deadline(),
+        "the claim",
+        protocol::claim_on(&conn, settings, req, &commit_sent),
+    )
+    .await;
+    let result = bounded.unwrap_or_else(|timeout| {
+        // The connection is silent or stuck mid-statement. Its idle siblings were opened the
+        // same way over the same path: retire them too, so the next requests open fresh ones
+        // instead of each spending its own deadline on a silent socket.
+        let retired = db::retire_idle(pool);
+        tracing::warn!(retired, error = %db::error_text(&timeout), "claim timed out; connection discarded");
+        Err(if commit_sent.load(Ordering::Acquire) {
+            ClaimError::OutcomeUnknown(timeout)
+        } else {
+            ClaimError::Unavailable(timeout)
+        })
+    });
     if result.is_err() {
-        // The connection saw something unexpected (or is gone): never hand it to another request.
+        // The connection saw something unexpected, refused a write (25006: a standby or a
+        // read-only database; the pool reconnects through target_session_attrs), timed out or
+        // is gone: never hand it to another request.
         db::discard(client);
     }
     result
@@ -272,8 +312,10 @@ mod tests {
         let s = ClaimSettings {
             lock_timeout: Duration::from_millis(1500),
             replay_window: Duration::from_secs(2),
+            schema: "tombstoned".into(),
         };
         assert_eq!(s.lock_timeout_setting(), "1500ms");
         assert_eq!(s.replay_window_micros(), 2_000_000);
+        assert_eq!(s.deadline(), Duration::from_secs(8));
     }
 }

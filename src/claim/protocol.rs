@@ -3,6 +3,8 @@
 //! every row and SQLSTATE to a [`ClaimOutcome`] or [`ClaimError`]. The statements are in
 //! [`super::sql`]; each attempt is one pipelined transaction ([`crate::db::pipeline`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tokio_postgres::Row;
 use uuid::Uuid;
 
@@ -10,18 +12,25 @@ use super::{
     sql, ClaimError, ClaimOutcome, ClaimRequest, ClaimSettings, Decision, MAX_CLAIM_ATTEMPTS,
     OPERATION_CREATE_ORDER, ORDER_REQUEST_CONSTRAINT,
 };
-use crate::db::pipeline::{self, PipelineFailure};
+use crate::db::pipeline::{self, PipelineFailure, Pipelined};
+use crate::db::statement::types_of;
 use crate::db::{self, Conn, DbError, ErrorClass, Param};
 
+/// `commit_sent` is true while an owner attempt (its COMMIT included) is in flight: if the
+/// caller's deadline expires then, the claim may have committed (outcome unknown).
 pub(super) async fn claim_on(
     client: &Conn<'_>,
     settings: &ClaimSettings,
     req: &ClaimRequest,
+    commit_sent: &AtomicBool,
 ) -> Result<ClaimOutcome, ClaimError> {
     let lock_timeout = settings.lock_timeout_setting();
     let window = settings.replay_window_micros();
     for _ in 0..MAX_CLAIM_ATTEMPTS {
-        match owner_attempt(client, &lock_timeout, window, req).await {
+        commit_sent.store(true, Ordering::Release);
+        let owned_or_not = owner_attempt(client, &lock_timeout, window, req).await;
+        commit_sent.store(false, Ordering::Release);
+        match owned_or_not {
             Ok(Some(row)) => {
                 let created: bool = row
                     .try_get("created")
@@ -48,6 +57,7 @@ pub(super) async fn claim_on(
                 }
                 return match class {
                     ErrorClass::LockNotAvailable => Ok(ClaimOutcome::InProgress),
+                    ErrorClass::ReadOnly => read_only(client, settings, req, failure.error).await,
                     // Everything was sent, COMMIT included: it may have committed.
                     ErrorClass::Unavailable if failure.sent => {
                         Err(ClaimError::OutcomeUnknown(DbError::Query(failure.error)))
@@ -65,6 +75,7 @@ pub(super) async fn claim_on(
             Err(failure) => {
                 return match db::classify(&failure.error) {
                     ErrorClass::LockNotAvailable => Ok(ClaimOutcome::InProgress),
+                    ErrorClass::ReadOnly => read_only(client, settings, req, failure.error).await,
                     ErrorClass::Unavailable => {
                         Err(ClaimError::Unavailable(DbError::Query(failure.error)))
                     }
@@ -74,6 +85,68 @@ pub(super) async fn claim_on(
         }
     }
     Err(ClaimError::Unstable)
+}
+
+/// The claim met 25006 (read_only_sql_transaction): the server refuses writes — a standby, a
+/// demoted primary, or `default_transaction_read_only = on`. Nothing was written. A new claim
+/// cannot be made (503, `Unavailable`, carrying `refused`), but every answer about a key that is
+/// already recorded needs no write, so it is read without a lock in a READ ONLY transaction:
+///
+/// - key reuse (422) and "expired" (410) come from the fingerprint and the expiry, as always;
+/// - a replay sends the stored body. The protocol share-locks it so the cleaner cannot tombstone
+///   it under the reader; here no lock is needed (nor possible: `FOR SHARE` is a write): while
+///   this server refuses writes, the cleaner's UPDATE is refused too, so nothing can tombstone
+///   the record between this read and the answer. The window is still judged on the database
+///   clock (`replay_deadline > now()`), so an expired record is never replayed.
+///
+/// When the connection reached a standby after a failover, the record read is the standby's
+/// replayed copy: only committed data, so the answer is one the primary gave or would give.
+async fn read_only(
+    client: &Conn<'_>,
+    settings: &ClaimSettings,
+    req: &ClaimRequest,
+    refused: tokio_postgres::Error,
+) -> Result<ClaimOutcome, ClaimError> {
+    let key: [&dyn Param; 4] = [
+        &req.tenant,
+        &req.principal,
+        &OPERATION_CREATE_ORDER,
+        &req.key,
+    ];
+    let lock_timeout = settings.lock_timeout_setting();
+    let set_params: [&dyn Param; 1] = [&lock_timeout];
+    let rows = match pipeline::prepare_with(
+        client,
+        db::sql::BEGIN_READ_ONLY,
+        (sql::SET_LOCK_TIMEOUT, &types_of(&set_params)),
+        (sql::READ_RECORD_READ_ONLY, &types_of(&key)),
+    )
+    .await
+    {
+        Ok([begin, set, main, commit]) => {
+            Pipelined {
+                begin: &begin,
+                settings: &set,
+                statement: &main,
+                commit: &commit,
+            }
+            .query(client.client(), &set_params, &key)
+            .await
+        }
+        Err(failure) => Err(failure),
+    };
+    match rows {
+        Ok(rows) => match rows.first() {
+            Some(row) => existing(row, req),
+            None => Err(ClaimError::Unavailable(DbError::Query(refused))),
+        },
+        Err(failure) => Err(match db::classify(&failure.error) {
+            ErrorClass::Unavailable | ErrorClass::ReadOnly => {
+                ClaimError::Unavailable(DbError::Query(failure.error))
+            }
+            _ => transient_or_database(failure.error),
+        }),
+    }
 }
 
 fn transient_or_database(error: tokio_postgres::Error) -> ClaimError {

@@ -185,6 +185,17 @@ SELECT fingerprint, status_code, NULL::text AS body, order_id, expired,
 FROM {schema}.idempotency_records
 WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
 
+/// While the database refuses writes (25006): the record with its body, without a lock, run in
+/// a READ ONLY transaction (`crate::claim`'s `read_only` says why no lock is needed then).
+/// Names its schema (`{schema}`, rendered by [`crate::db::sql::qualify`]).
+///
+/// `$1` tenant, `$2` principal, `$3` operation, `$4` key.
+pub const READ_RECORD_READ_ONLY: &str = "\
+SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
+       replay_deadline <= now() AS past_deadline
+FROM {schema}.idempotency_records
+WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
+
 /// Ends the transaction (a ROLLBACK when a statement in it failed).
 pub const COMMIT: &str = crate::db::sql::COMMIT;
 

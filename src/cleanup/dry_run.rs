@@ -89,6 +89,11 @@ pub async fn dry_run(
     dry_run_with_purge(db, cleanup, None, explain).await
 }
 
+/// At most how many statements a dry run's read sends (settings, cutoff, counts, tops, totals,
+/// purge and outbox previews, the plans with `--explain`): its client-side bound is that many
+/// `cleanup.statement_timeout`s.
+const DRY_RUN_STATEMENTS: u32 = 16;
+
 /// [`dry_run`], plus what the retention purge would delete when `retention` configures it.
 #[tracing::instrument(skip_all, fields(schema = %db.schema))]
 pub async fn dry_run_with_purge(
@@ -102,20 +107,28 @@ pub async fn dry_run_with_purge(
         .map_err(CleanupError::Connect)?;
     // Simple-protocol BEGIN/ROLLBACK: no statement kept on the session. If a read fails, the
     // session is dropped with the transaction open, which ends it.
-    session
-        .client
-        .batch_execute(sql::DRY_RUN_BEGIN)
-        .await
-        .map_err(CleanupError::query("starting the dry run"))?;
-    let report = read(&session.conn(), cleanup, retention, explain)
-        .await
-        .map_err(CleanupError::query("running the dry run"))?;
+    let bound = cleanup.statement_timeout;
+    super::bounded(
+        bound,
+        "starting the dry run",
+        session.client.batch_execute(sql::DRY_RUN_BEGIN),
+    )
+    .await?;
+    // Every statement of the read is bounded by statement_timeout on the server; the client
+    // bounds the whole read by that many of them, so a silent database fails it.
+    let report = super::bounded(
+        bound.saturating_mul(DRY_RUN_STATEMENTS),
+        "running the dry run",
+        read(&session.conn(), cleanup, retention, explain),
+    )
+    .await?;
     // Nothing was written; rolling back says so.
-    session
-        .client
-        .batch_execute(sql::DRY_RUN_END)
-        .await
-        .map_err(CleanupError::query("ending the dry run"))?;
+    super::bounded(
+        bound,
+        "ending the dry run",
+        session.client.batch_execute(sql::DRY_RUN_END),
+    )
+    .await?;
     Ok(report)
 }
 

@@ -127,10 +127,12 @@ impl<'a> Engine<'a> {
         meter: Meter<'a>,
         started: Instant,
     ) -> Result<Engine<'a>, CleanupError> {
-        let prepare = |text: &'static str, types: &'static [Type]| async move {
-            conn.prepare(text, types)
-                .await
-                .map_err(CleanupError::query("preparing the batch transaction"))
+        let prepare = |text: &'static str, types: &'static [Type]| {
+            super::bounded(
+                cleanup.statement_timeout,
+                "preparing the batch transaction",
+                conn.prepare(text, types),
+            )
         };
         Ok(Engine {
             conn,
@@ -165,16 +167,15 @@ impl<'a> Engine<'a> {
         bound: Key,
     ) -> Result<PhaseResult, CleanupError> {
         let (wait_sql, skip_sql) = phase.statements();
-        let wait = self
-            .conn
-            .prepare(wait_sql, &BATCH_TYPES)
-            .await
-            .map_err(CleanupError::query("preparing the batch statement"))?;
-        let skip = self
-            .conn
-            .prepare(skip_sql, &BATCH_TYPES)
-            .await
-            .map_err(CleanupError::query("preparing the batch statement"))?;
+        let prepare = |text: &'static str| {
+            super::bounded(
+                self.cleanup.statement_timeout,
+                "preparing the batch statement",
+                self.conn.prepare(text, &BATCH_TYPES),
+            )
+        };
+        let wait = prepare(wait_sql).await?;
+        let skip = prepare(skip_sql).await?;
         let waits = self.cleanup.on_locked == OnLocked::Wait;
 
         let mut result = PhaseResult::default();
@@ -366,14 +367,21 @@ impl<'a> Engine<'a> {
         let to = pass.to();
         let settings: [&dyn Param; 2] = [&self.lock_timeout, &self.statement_timeout];
         let params: [&dyn Param; 4] = [&bound, &from, &to, &limit];
-        let row = Pipelined {
-            begin: &self.begin,
-            settings: &self.batch_settings,
-            statement,
-            commit: &self.commit,
-        }
-        .query_one(self.conn.client(), &settings, &params)
-        .await
+        // Every statement of the batch is bounded by statement_timeout on the server; the client
+        // waits a little beyond that, then gives up on a silent database: the run fails and its
+        // session is dropped (the server rolls the batch back if it ever hears of it).
+        let row = db::deadline::within(
+            db::deadline::beyond(self.cleanup.statement_timeout),
+            "a cleanup batch",
+            Pipelined {
+                begin: &self.begin,
+                settings: &self.batch_settings,
+                statement,
+                commit: &self.commit,
+            }
+            .query_one(self.conn.client(), &settings, &params),
+        )
+        .await?
         .map_err(|failure| DbError::Query(failure.error))?;
         let picked: i64 = row.try_get(0)?;
         let changed: i64 = row.try_get(1)?;

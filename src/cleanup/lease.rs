@@ -11,6 +11,10 @@ use super::CleanupError;
 use crate::config::DatabaseConfig;
 use crate::db::{self, Pooler, Session};
 
+/// The server-side work of a lease call is a lock function that never waits; the client gives it
+/// this (plus [`db::deadline::SLACK`]) before taking the database for silent.
+const LEASE_CALL_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The advisory-lock key text for a schema: `tombstoned:cleanup:<schema>`, so two deployments in
 /// different schemas of one database do not exclude each other. Hashed by the server with
 /// `hashtextextended(key, 0)` (in `pg_locks`: locktype `advisory`, objsubid 1, classid and objid
@@ -51,12 +55,14 @@ impl Lease {
                 locked: false,
             }));
         }
-        let acquired: bool = session
-            .conn()
-            .query_one(db::sql::ADVISORY_TRY_LOCK, &[&key])
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(CleanupError::query("taking the cleanup lease"))?;
+        let acquired: bool = super::bounded(LEASE_CALL_BOUND, "taking the cleanup lease", async {
+            session
+                .conn()
+                .query_one(db::sql::ADVISORY_TRY_LOCK, &[&key])
+                .await?
+                .try_get(0)
+        })
+        .await?;
         Ok(acquired.then_some(Lease {
             session,
             key,
@@ -70,11 +76,16 @@ impl Lease {
         if !self.locked {
             return Ok(());
         }
-        self.session
-            .conn()
-            .query_one(db::sql::ADVISORY_UNLOCK, &[&self.key])
-            .await
-            .map_err(CleanupError::query("releasing the cleanup lease"))?;
+        // Bounded: on a silent database this must not hold up a stop; dropping the session
+        // (on return) releases the lock anyway once the server notices.
+        super::bounded(
+            LEASE_CALL_BOUND,
+            "releasing the cleanup lease",
+            self.session
+                .conn()
+                .query_one(db::sql::ADVISORY_UNLOCK, &[&self.key]),
+        )
+        .await?;
         Ok(())
     }
 }

@@ -37,9 +37,30 @@ pub use dry_run::{
 };
 pub use lease::{lease_key, Lease};
 pub use report::{RunOutcome, RunReport, StopReason};
-pub use run::{run_once, RunLimits};
+pub use run::{run_once, server_refuses_writes, RunLimits, STOP_GRACE};
+
+use std::future::Future;
+use std::time::Duration;
 
 use crate::db::{self, DbError, ErrorClass};
+
+/// Runs one auxiliary statement of a run (its settings, the cutoff, preparing, the backlog
+/// count, the lease) under a client-side deadline a little beyond `statement_timeout`, the
+/// server-side bound: a silent database fails the step instead of hanging it
+/// ([`db::deadline`]). The caller's session is then dropped, never reused.
+pub(crate) async fn bounded<T>(
+    statement_timeout: Duration,
+    step: &'static str,
+    call: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, CleanupError> {
+    match db::deadline::within(db::deadline::beyond(statement_timeout), step, call).await {
+        Ok(result) => result.map_err(CleanupError::query(step)),
+        Err(timeout) => Err(CleanupError::Database {
+            step,
+            source: timeout,
+        }),
+    }
+}
 
 /// Why a cleanup run (or dry run, or lease operation) failed. Every variant carries the
 /// [`DbError`] behind it, so callers classify it by SQLSTATE ([`CleanupError::class`]) and the
@@ -99,6 +120,17 @@ impl CleanupError {
             CleanupError::Connect(e)
             | CleanupError::Database { source: e, .. }
             | CleanupError::RetriesExhausted { source: e, .. } => e,
+        }
+    }
+
+    /// A run abandoned at shutdown: its batch did not end within [`run::STOP_GRACE`].
+    fn abandoned() -> CleanupError {
+        CleanupError::Database {
+            step: "stopping: the batch in flight was abandoned (it rolls back with the session)",
+            source: DbError::Timeout {
+                what: "the batch in flight at shutdown",
+                after: run::STOP_GRACE,
+            },
         }
     }
 

@@ -44,6 +44,8 @@ pub enum RunOutcome {
     Failed,
     /// Another instance held the single-runner lease; nothing was done.
     SkippedLease,
+    /// The server refuses writes (a standby, or a read-only database); nothing was attempted.
+    SkippedReadOnly,
 }
 
 impl RunOutcome {
@@ -54,6 +56,7 @@ impl RunOutcome {
             RunOutcome::Partial => "partial",
             RunOutcome::Failed => "failed",
             RunOutcome::SkippedLease => "skipped_lease",
+            RunOutcome::SkippedReadOnly => "skipped_read_only",
         }
     }
 }

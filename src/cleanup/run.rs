@@ -15,6 +15,42 @@ use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
 use crate::db::{self, pipeline, Conn, Param};
 use crate::metrics::Metrics;
 
+/// How long a stopped run (SIGTERM, `serve` shutting down) waits for its batch in flight to
+/// commit or roll back before it abandons it: a batch normally ends in milliseconds; on a silent
+/// database it would wait its whole deadline.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// Why the server refuses writes, if it does: a standby (`pg_is_in_recovery()`), or
+/// `default_transaction_read_only = on`. The scheduler skips its run there (every batch would
+/// fail with 25006). Opens, asks and closes one session, bounded like a connect plus one
+/// statement.
+pub async fn server_refuses_writes(
+    db: &DatabaseConfig,
+    cleanup: &CleanupConfig,
+) -> Result<Option<&'static str>, CleanupError> {
+    let session = db::connect(db, "cleanup")
+        .await
+        .map_err(CleanupError::Connect)?;
+    let row = super::bounded(
+        cleanup.statement_timeout,
+        "checking whether the server accepts writes",
+        session.client.query_one(db::sql::READ_ONLY_CHECK, &[]),
+    )
+    .await?;
+    let get = |i| {
+        row.try_get::<_, bool>(i).map_err(CleanupError::query(
+            "checking whether the server accepts writes",
+        ))
+    };
+    Ok(if get(0)? {
+        Some("the server is a standby (pg_is_in_recovery())")
+    } else if get(1)? {
+        Some("the database is read-only (transaction_read_only = on)")
+    } else {
+        None
+    })
+}
+
 /// Limits a caller puts on one run, on top of the configuration's `cleanup.max_run_time`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunLimits {
@@ -45,7 +81,16 @@ pub async fn run_once(
 ) -> Result<RunReport, CleanupError> {
     let meter = Meter(metrics);
     let started = Instant::now();
-    let result = run_inner(db, cleanup, retention, limits, shutdown, meter, started).await;
+    // A stop lets the batch in flight commit or roll back, but only for STOP_GRACE: on a
+    // silent database it would otherwise wait its whole deadline, past a service manager's
+    // stop timeout. Dropping the run closes its session, and the server rolls the batch back.
+    let result = tokio::select! {
+        result = run_inner(db, cleanup, retention, limits, shutdown, meter, started) => result,
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(STOP_GRACE).await;
+        } => Err(CleanupError::abandoned()),
+    };
     match &result {
         Ok(report) => {
             meter.run_finished(report);
@@ -87,12 +132,16 @@ async fn run_inner(
         .map_err(CleanupError::Connect)?;
     let conn = session.conn();
     // Each statement outside the batches is its own transaction with the server-side bound set
-    // transaction-local (nothing stays set on a session a pooler hands on).
-    let statement_timeout = db::sql::duration_setting(cleanup.statement_timeout);
-    let cutoff: DateTime<Utc> = bounded(&conn, &statement_timeout, sql::CUTOFF, &[])
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(CleanupError::query("reading the cutoff"))?;
+    // transaction-local (nothing stays set on a session a pooler hands on); the client waits a
+    // little beyond it ([`super::bounded`]).
+    let bound = cleanup.statement_timeout;
+    let statement_timeout = db::sql::duration_setting(bound);
+    let cutoff: DateTime<Utc> = super::bounded(bound, "reading the cutoff", async {
+        in_own_transaction(&conn, &statement_timeout, sql::CUTOFF, &[])
+            .await?
+            .try_get(0)
+    })
+    .await?;
 
     let mut engine = Engine::new(conn, cleanup, limits, shutdown, meter, started).await?;
 
@@ -118,7 +167,7 @@ async fn run_inner(
     }
 
     let (backlog_rows, oldest_due_deadline) =
-        backlog(&conn, &statement_timeout, cutoff, tombstoning.left.ranges()).await?;
+        backlog(&conn, &statement_timeout, cutoff, tombstoning.left.ranges(), bound).await?;
     let duration = started.elapsed();
     let stopped_by = stopped.unwrap_or(StopReason::Finished);
     let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
@@ -177,19 +226,18 @@ async fn backlog(
     statement_timeout: &str,
     cutoff: Key,
     ranges: &[KeyRange],
+    bound: Duration,
 ) -> Result<(u64, Option<Key>), CleanupError> {
     let mut rows = 0u64;
     let mut oldest: Option<Key> = None;
     for range in ranges {
         let to = range.to.min(cutoff);
-        let row = bounded(
-            conn,
-            statement_timeout,
-            sql::DUE_IN_RANGE,
-            &[&range.from, &to],
+        let row = super::bounded(
+            bound,
+            "counting the backlog",
+            in_own_transaction(conn, statement_timeout, sql::DUE_IN_RANGE, &[&range.from, &to]),
         )
-        .await
-        .map_err(CleanupError::query("counting the backlog"))?;
+        .await?;
         let count: i64 = row
             .try_get(0)
             .map_err(CleanupError::query("counting the backlog"))?;
@@ -207,7 +255,7 @@ async fn backlog(
 
 /// `template`'s one row, in a transaction of its own with `statement_timeout` set for it: one
 /// pipelined round trip ([`pipeline`]).
-async fn bounded(
+async fn in_own_transaction(
     conn: &Conn<'_>,
     statement_timeout: &str,
     template: &'static str,

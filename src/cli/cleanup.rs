@@ -44,17 +44,7 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         return Ok(Exit::Success);
     }
 
-    let Some(lease) = Lease::try_acquire(&config.database)
-        .await
-        .context("cannot take the cleanup lease")?
-    else {
-        super::say(&format!(
-            "another instance is cleaning schema {} (it holds the cleanup lease); nothing was \
-             done",
-            config.database.schema
-        ));
-        return Ok(Exit::TempFail);
-    };
+    // Installed before anything touches the database, so a signal is obeyed at every step.
     let shutdown = CancellationToken::new();
     match GracefulStop::install() {
         Ok(signals) => {
@@ -69,6 +59,22 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
             "a signal ends the run at once, without letting its batch finish"
         ),
     }
+    // A stop while the lease is being taken ends the command at once (nothing was done yet).
+    let acquired = tokio::select! {
+        acquired = Lease::try_acquire(&config.database) => acquired,
+        () = shutdown.cancelled() => {
+            super::say("stopped by a signal before the run began; nothing was done");
+            return Ok(Exit::Interrupted);
+        }
+    };
+    let Some(lease) = acquired.context("cannot take the cleanup lease")? else {
+        super::say(&format!(
+            "another instance is cleaning schema {} (it holds the cleanup lease); nothing was \
+             done",
+            config.database.schema
+        ));
+        return Ok(Exit::TempFail);
+    };
     let result = run_once(
         &config.database,
         &config.cleanup,
@@ -81,8 +87,13 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
     )
     .await;
     if let Err(e) = lease.release().await {
-        // Closing the session (dropping the lease) releases it anyway.
-        tracing::warn!(error = %e.summary(), "could not release the cleanup lease");
+        // Closing the session (dropping the lease) releases it anyway. After a failed run the
+        // run's error line says what happened (one line: a silent database fails both).
+        if result.is_ok() {
+            tracing::warn!(error = %e.summary(), "could not release the cleanup lease");
+        } else {
+            tracing::debug!(error = %e.summary(), "could not release the cleanup lease");
+        }
     }
     let report = result.context("cleanup run failed")?;
     if args.json {

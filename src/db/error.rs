@@ -23,13 +23,23 @@ pub enum DbError {
     /// A statement failed.
     #[error("database error")]
     Query(#[from] tokio_postgres::Error),
+    /// The database did not answer within the client-side bound ([`super::deadline`]): the
+    /// connection may be silent (a lost NAT entry, a partition, a hung server) or stuck
+    /// mid-statement, so it is discarded, never reused.
+    #[error("the database did not answer {what} within {}", humantime::format_duration(*.after))]
+    Timeout {
+        /// What was waited for ("the claim", "a tombstone batch", ...).
+        what: &'static str,
+        /// The bound.
+        after: std::time::Duration,
+    },
 }
 
 impl DbError {
     /// How this failure should be treated; see [`ErrorClass`].
     pub fn class(&self) -> ErrorClass {
         match self {
-            DbError::Connect { .. } => ErrorClass::Unavailable,
+            DbError::Connect { .. } | DbError::Timeout { .. } => ErrorClass::Unavailable,
             DbError::Pool(deadpool_postgres::PoolError::Backend(e)) | DbError::Query(e) => {
                 classify(e)
             }
@@ -38,14 +48,27 @@ impl DbError {
         }
     }
 
-    /// The two-character SQLSTATE class for metrics (`"55"`, `"23"`, ...), or `"connection"`
-    /// when there is no server error code (connection refused, reset or closed).
+    /// The server's SQLSTATE (`"53100"`, ...), when the server answered with one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            DbError::Pool(deadpool_postgres::PoolError::Backend(e)) | DbError::Query(e) => {
+                e.code().map(SqlState::code)
+            }
+            _ => None,
+        }
+    }
+
+    /// The two-character SQLSTATE class for metrics (`"55"`, `"23"`, ...), `"connection"` when
+    /// there is no server error code (connection refused, reset or closed), `"timeout"` when the
+    /// database did not answer within the client-side bound, `"pool_timeout"` when no pooled
+    /// connection was free in time.
     pub fn sqlstate_class(&self) -> &str {
         match self {
             DbError::Pool(deadpool_postgres::PoolError::Backend(e)) | DbError::Query(e) => {
                 sqlstate_class(e)
             }
             DbError::Pool(deadpool_postgres::PoolError::Timeout(_)) => "pool_timeout",
+            DbError::Timeout { .. } => "timeout",
             _ => "connection",
         }
     }
@@ -68,6 +91,10 @@ pub enum ErrorClass {
     /// connection start), or no SQLSTATE at all because the socket failed: the database is
     /// unreachable or the connection is gone.
     Unavailable,
+    /// 25006 read_only_sql_transaction: the server refuses writes — a standby (a demoted
+    /// primary after a failover), or `default_transaction_read_only = on`. Nothing was written;
+    /// the connection is evicted so the pool reconnects to whichever host is the primary now.
+    ReadOnly,
     /// The rest of class 53, insufficient resources (53100 disk_full, 53200 out_of_memory,
     /// 53400 configuration_limit_exceeded): the server answered and rolled the statement back;
     /// retry later, nothing to fix in the request.
@@ -97,6 +124,8 @@ pub fn classify(err: &tokio_postgres::Error) -> ErrorClass {
         ErrorClass::Deadlock
     } else if *code == SqlState::QUERY_CANCELED {
         ErrorClass::QueryCanceled
+    } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+        ErrorClass::ReadOnly
     } else if code.code().starts_with("08")
         || *code == SqlState::ADMIN_SHUTDOWN
         || *code == SqlState::CRASH_SHUTDOWN

@@ -1,12 +1,14 @@
 //! Database plumbing, in one place: the connection settings every session gets and the opening
 //! of pools and dedicated sessions (here), [`Session`], how statements are sent
 //! ([`statement`], per [`Pooler`]), the classification of failures by SQLSTATE ([`ErrorClass`],
-//! never by message text), the one error text safe to show anywhere ([`error_text`]), and
+//! never by message text), the client-side bounds on every call ([`deadline`]), the one error
+//! text safe to show anywhere ([`error_text`]), and
 //! [`migrations`].
 
 pub mod connect;
 pub mod conninfo;
 pub mod credentials;
+pub mod deadline;
 mod error;
 mod error_text;
 pub mod migrations;
@@ -136,6 +138,14 @@ pub fn pool(
 /// handed to the next request. (A dedicated [`Session`] is discarded by dropping it.)
 pub fn discard(client: deadpool_postgres::Object) {
     drop(deadpool_postgres::Object::take(client));
+}
+
+/// Closes every idle connection of `pool` (those in use are judged by their own calls); returns
+/// how many. Called when a call on a pooled connection timed out: the idle ones were opened the
+/// same way and have sat on the same network path, so they are as suspect, and a fresh
+/// connection costs one handshake while a silent one costs a request its whole deadline.
+pub fn retire_idle(pool: &Pool) -> usize {
+    pool.retain(|_, _| false).removed.len()
 }
 
 /// Opens a dedicated session.

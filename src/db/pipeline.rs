@@ -31,7 +31,7 @@ use super::statement::{types_of, Conn, Param, Ready};
 /// The four statements of one pipelined transaction.
 #[derive(Debug, Clone, Copy)]
 pub struct Pipelined<'s> {
-    /// [`sql::BEGIN_READ_COMMITTED`].
+    /// [`sql::BEGIN_READ_COMMITTED`] (or [`sql::BEGIN_READ_ONLY`]).
     pub begin: &'s Ready,
     /// The transaction's settings (`SELECT set_config(..., true)`), run before the statement.
     pub settings: &'s Ready,
@@ -128,8 +128,18 @@ pub async fn prepare(
     settings: (&'static str, &[Type]),
     statement: (&'static str, &[Type]),
 ) -> Result<[Ready; 4], PipelineFailure> {
+    prepare_with(conn, sql::BEGIN_READ_COMMITTED, settings, statement).await
+}
+
+/// [`prepare`] with another BEGIN (e.g. [`sql::BEGIN_READ_ONLY`]).
+pub async fn prepare_with(
+    conn: &Conn<'_>,
+    begin: &'static str,
+    settings: (&'static str, &[Type]),
+    statement: (&'static str, &[Type]),
+) -> Result<[Ready; 4], PipelineFailure> {
     let (begin, settings, statement, commit) = futures::try_join!(
-        conn.ready(sql::BEGIN_READ_COMMITTED, &[]),
+        conn.ready(begin, &[]),
         conn.ready(settings.0, settings.1),
         conn.ready(statement.0, statement.1),
         conn.ready(sql::COMMIT, &[]),

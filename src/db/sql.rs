@@ -16,6 +16,16 @@ pub const SCHEMA_MARKER: &str = "{schema}";
 /// after a lock wait rely on it (docs/protocol.md).
 pub const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
+/// Opens a transaction that can write nothing (READ COMMITTED, READ ONLY): the API's lookups and
+/// the replay it answers while the database refuses writes. Also what a standby accepts.
+pub const BEGIN_READ_ONLY: &str = "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY";
+
+/// Whether the server is a standby, and whether a transaction begun now would be read-only
+/// (`default_transaction_read_only`, which a configuration reload changes for open sessions
+/// too): the two ways a server answers writes with 25006.
+pub const READ_ONLY_CHECK: &str =
+    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
+
 /// Ends a transaction; a ROLLBACK when a statement in it failed.
 pub const COMMIT: &str = "COMMIT";
 

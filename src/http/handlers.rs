@@ -391,6 +391,7 @@ fn key_busy() -> Problem {
 fn claim_error_response(state: &ApiState, error: &ClaimError) -> Response {
     if let Some(db) = error.db_error() {
         state.metrics().db_error(db.sqlstate_class());
+        state.health().record_failure(db);
     }
     match error {
         ClaimError::OutcomeUnknown(db) => {
@@ -476,6 +477,7 @@ fn internal(db: &crate::db::DbError) -> Response {
 
 fn lookup_error_response(state: &ApiState, error: &LookupError) -> Response {
     state.metrics().db_error(error.db_error().sqlstate_class());
+    state.health().record_failure(error.db_error());
     match error {
         LookupError::Unavailable(_) => unavailable().into_response(),
         LookupError::Database(db) => database_error(db),

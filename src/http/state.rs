@@ -18,6 +18,7 @@ use crate::connections::ConnectionLimits;
 use crate::db;
 use crate::metrics::Metrics;
 use crate::money::Currency;
+use crate::ops::request_health::RequestHealth;
 use crate::order_request::RequestDefaults;
 
 /// Per-principal rate limiter, keyed by `tenant NUL principal`.
@@ -46,6 +47,7 @@ struct Inner {
     tasks: TaskTracker,
     keys: KeyGate,
     connection_limits: ConnectionLimits,
+    health: Arc<RequestHealth>,
 }
 
 /// The API's state: cheap to clone (one `Arc`).
@@ -98,6 +100,7 @@ impl ApiState {
                 live: RwLock::new(Arc::new(live)),
                 tasks: TaskTracker::new(),
                 keys: KeyGate::default(),
+                health: Arc::default(),
                 connection_limits: ConnectionLimits {
                     max_connections: config.api.max_connections,
                     header_read_timeout: config.api.header_read_timeout,
@@ -140,6 +143,11 @@ impl ApiState {
     /// The database the pool connects to (its `schema` and `pooler` as at start-up).
     pub fn database(&self) -> &Arc<DatabaseConfig> {
         &self.inner.database
+    }
+
+    /// What requests experienced of the database, for readiness.
+    pub fn health(&self) -> &Arc<RequestHealth> {
+        &self.inner.health
     }
 
     /// The metrics the API feeds.
@@ -197,6 +205,7 @@ fn build_live(config: &Config, current: Option<&Live>) -> Result<Live, ApiError>
         claim: ClaimSettings {
             lock_timeout: api.claim_lock_timeout,
             replay_window: config.retention.replay_window,
+            schema: config.database.schema.clone(),
         },
         max_body_bytes: api.max_body_bytes,
         defaults: RequestDefaults { currency },

@@ -7,17 +7,36 @@
 //! result is reused for a short while: however many probes arrive at once, at most one check
 //! talks to the database, and each is bounded by a timeout (client side, and as
 //! `statement_timeout` server side so a stuck check does not linger in the database).
+//!
+//! A dedicated session answering proves little about what requests experience, so with the API
+//! running ([`ReadinessProbe::with_api`]) a check also judges the API's side:
+//!
+//! - one pooled connection is checked out and answers `SELECT 1`, each within the check's bound.
+//!   When the pool's open connections went silent (a lost NAT entry, a partition behind a proxy)
+//!   while new ones would work, that is what finds it: the silent connection is discarded and
+//!   the idle ones retired with it, so the pool heals by reconnecting — and until it has, the
+//!   service is not ready. A pool whose connections all hang stays not ready, and the watchdog
+//!   (which reads [`ReadinessProbe::last_ready_age`]) stops vouching after its tolerance;
+//! - resource exhaustion (SQLSTATE class 53, e.g. 53100 disk full) that requests met within
+//!   [`crate::ops::request_health::EXHAUSTION_HOLD`]: a read answers while every write fails;
+//! - the server refuses writes (`pg_is_in_recovery()` or `transaction_read_only`, read on the
+//!   probe's session): a standby, a demoted primary, or `default_transaction_read_only = on`.
+//!
+//! The last two are reported not ready so a load balancer drains the instance, but they do not
+//! stop the watchdog: the database answers, and restarting the daemon would not help.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DatabaseConfig;
 use crate::db::migrations::{self, MigrationStatus};
 use crate::db::{self, DbError, ErrorClass, Session};
+use crate::ops::request_health::RequestHealth;
 
 /// Default bound on one check, connecting included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -56,6 +75,24 @@ pub enum NotReady {
     /// The check did not finish in time.
     #[error("database did not answer within {0:?}")]
     TimedOut(Duration),
+    /// The server refuses writes: a standby (`pg_is_in_recovery()`), or a read-only database.
+    #[error("database is read-only ({0}): claims cannot be made here")]
+    ReadOnly(&'static str),
+    /// Requests met resource exhaustion (SQLSTATE class 53) recently.
+    #[error("database out of resources: SQLSTATE {code} {ago_secs} s ago")]
+    ResourcesExhausted {
+        /// The SQLSTATE (`53100` disk full, ...).
+        code: String,
+        /// How long ago, in whole seconds.
+        ago_secs: u64,
+    },
+    /// A pooled connection failed or did not answer in time.
+    #[error("API connection pool unhealthy: {0}")]
+    PoolUnhealthy(String),
+    /// No pooled connection was free within the check's bound: every one is in use (load) or
+    /// held by requests waiting on a silent database (they end at their deadlines).
+    #[error("API connection pool busy: {0}")]
+    PoolBusy(String),
     /// Migrations are pending, unknown to this binary, or differ from it.
     #[error("schema not current: {0}")]
     SchemaNotCurrent(String),
@@ -74,6 +111,8 @@ pub struct ReadinessProbe {
     /// When a check last found the service ready (read synchronously by the watchdog).
     last_ready_at: Mutex<Option<Instant>>,
     shutting_down: AtomicBool,
+    /// The API's pool and what its requests experienced, when the API runs.
+    api: Option<(Pool, Arc<RequestHealth>)>,
 }
 
 #[derive(Default)]
@@ -104,7 +143,15 @@ impl ReadinessProbe {
             state: tokio::sync::Mutex::new(ProbeState::default()),
             last_ready_at: Mutex::new(None),
             shutting_down: AtomicBool::new(false),
+            api: None,
         }
+    }
+
+    /// Also judges the API's side (module docs): its `pool` and the `health` its requests
+    /// record.
+    pub fn with_api(mut self, pool: Pool, health: Arc<RequestHealth>) -> Self {
+        self.api = Some((pool, health));
+        self
     }
 
     /// Bounds one check (connecting included).
@@ -155,9 +202,12 @@ impl ReadinessProbe {
         }
         let readiness =
             match tokio::time::timeout(self.timeout, self.query(&mut state.session)).await {
-                Ok(Ok(status)) => match status.problem() {
-                    None => Readiness::Ready,
+                Ok(Ok((status, read_only))) => match status.problem() {
                     Some(problem) => Readiness::NotReady(NotReady::SchemaNotCurrent(problem)),
+                    None => match read_only {
+                        Some(why) => Readiness::NotReady(NotReady::ReadOnly(why)),
+                        None => self.api_side().await,
+                    },
                 },
                 Ok(Err(e)) => {
                     // Discarded: reconnect next time; cheaper to reason about than deciding which
@@ -177,7 +227,19 @@ impl ReadinessProbe {
                 }
             };
         let now = Instant::now();
-        if readiness.is_ready() {
+        if readiness.is_ready()
+            || matches!(
+                readiness,
+                Readiness::NotReady(
+                    NotReady::ReadOnly(_)
+                        | NotReady::ResourcesExhausted { .. }
+                        | NotReady::PoolBusy(_)
+                )
+            )
+        {
+            // The database answered: what the watchdog needs. A restart cures neither a
+            // read-only server nor a full disk, and a busy pool is load (or requests that end at
+            // their deadlines, after which the next check meets the silent connections).
             *self
                 .last_ready_at
                 .lock()
@@ -207,8 +269,29 @@ impl ReadinessProbe {
         })
     }
 
+    /// The API's side of a check (module docs); [`Readiness::Ready`] without the API.
+    async fn api_side(&self) -> Readiness {
+        let Some((pool, health)) = &self.api else {
+            return Readiness::Ready;
+        };
+        if let Some((code, ago)) = health.recently_exhausted() {
+            return Readiness::NotReady(NotReady::ResourcesExhausted {
+                code,
+                ago_secs: ago.as_secs(),
+            });
+        }
+        match probe_pool(pool, self.timeout).await {
+            Ok(()) => Readiness::Ready,
+            Err(reason) => Readiness::NotReady(reason),
+        }
+    }
+
+    /// The schema's status, and why the server refuses writes if it does.
     #[tracing::instrument(level = "debug", skip_all, fields(schema = %self.database.schema))]
-    async fn query(&self, session: &mut Option<Session>) -> Result<MigrationStatus, DbError> {
+    async fn query(
+        &self,
+        session: &mut Option<Session>,
+    ) -> Result<(MigrationStatus, Option<&'static str>), DbError> {
         if session.as_ref().is_some_and(Session::is_closed) {
             *session = None;
         }
@@ -220,7 +303,74 @@ impl ReadinessProbe {
         // cancelled in the database instead of waiting there after we gave up. Transaction-local:
         // nothing stays set on a session a pooler hands on.
         let statement_timeout = db::sql::duration_setting(self.timeout * 3 / 4);
-        migrations::status(&session.conn(), Some(&statement_timeout)).await
+        let conn = session.conn();
+        let status = migrations::status(&conn, Some(&statement_timeout)).await?;
+        let row = conn
+            .query_one(db::sql::READ_ONLY_CHECK, &[])
+            .await
+            .map_err(DbError::Query)?;
+        let read_only = if row.try_get::<_, bool>(0)? {
+            Some("pg_is_in_recovery(): a standby")
+        } else if row.try_get::<_, bool>(1)? {
+            Some("transaction_read_only = on")
+        } else {
+            None
+        };
+        Ok((status, read_only))
+    }
+}
+
+/// One pooled connection, checked out and answering `SELECT 1`, each within `bound`. A
+/// connection that fails is discarded; one that stays silent is discarded along with every idle
+/// one (opened the same way, over the same path: as suspect), so the pool reconnects.
+async fn probe_pool(pool: &Pool, bound: Duration) -> Result<(), NotReady> {
+    let busy = || {
+        NotReady::PoolBusy(format!(
+            "no pooled connection free within {}",
+            humantime::format_duration(bound)
+        ))
+    };
+    // Busy only when every connection is in use; a wait that ran out while a connection was
+    // being opened means opening one failed to finish: unhealthy.
+    let all_in_use = || {
+        let status = pool.status();
+        status.size >= status.max_size && status.available == 0
+    };
+    let client = match tokio::time::timeout(bound, pool.get()).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait))) => {
+            return Err(busy())
+        }
+        Err(_) if all_in_use() => return Err(busy()),
+        Err(_) => {
+            return Err(NotReady::PoolUnhealthy(format!(
+                "no pooled connection could be opened within {}",
+                humantime::format_duration(bound)
+            )))
+        }
+        Ok(Err(e)) => return Err(NotReady::PoolUnhealthy(db::error_text(&DbError::Pool(e)))),
+    };
+    match db::deadline::within(
+        bound,
+        "SELECT 1 on a pooled connection",
+        client.simple_query("SELECT 1"),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => {
+            db::discard(client);
+            Err(NotReady::PoolUnhealthy(db::error_text(&DbError::Query(e))))
+        }
+        Err(timeout) => {
+            db::discard(client);
+            let retired = db::retire_idle(pool);
+            tracing::warn!(
+                retired,
+                "a pooled connection is silent; discarded with the idle ones"
+            );
+            Err(NotReady::PoolUnhealthy(db::error_text(&timeout)))
+        }
     }
 }
 

@@ -314,3 +314,54 @@ async fn shutdown_during_a_run_lets_the_batch_finish_and_ends_the_loop() {
     assert_eq!(counts(&observer).await.0, 20);
     wait_until_gone(&observer, "tombstoned/cleanup-lease").await;
 }
+
+/// Issue 12 (failover, bullet 3): on a server that refuses writes (here
+/// `default_transaction_read_only`, the same 25006 a standby gives) the scheduler does not start
+/// a run: each fire is counted as `skipped_read_only` with the reason, nothing fails, nothing is
+/// attempted; once writable again, the next fire cleans.
+#[tokio::test]
+async fn a_fire_is_skipped_with_its_reason_while_the_database_is_read_only() {
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    seed_live(&observer, "ro", 10, DUE).await;
+    observer
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_read_only = on",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let mut running = start(db.config_with(&[("TOMBSTONED_CLEANUP__SCHEDULE", "* * * * * *")]));
+    let skipped = running
+        .until("a read-only skip", |s| {
+            s.last_run
+                .as_ref()
+                .is_some_and(|r| r.outcome == RunOutcome::SkippedReadOnly)
+        })
+        .await;
+    let error = skipped.last_run.as_ref().and_then(|r| r.error.clone());
+    assert!(
+        error.as_deref().is_some_and(|e| e.contains("read-only")),
+        "{error:?}"
+    );
+    assert!(running.runs("skipped_read_only") >= 1);
+    assert_eq!(running.runs("failed"), 0);
+    assert_eq!(counts(&observer).await.0, 0, "nothing was tombstoned");
+
+    observer
+        .batch_execute(&format!(
+            "ALTER DATABASE {} RESET default_transaction_read_only",
+            db.name
+        ))
+        .await
+        .unwrap();
+    running
+        .until("a run after the flip back", |s| {
+            s.last_run
+                .as_ref()
+                .is_some_and(|r| r.outcome == RunOutcome::Success)
+        })
+        .await;
+    assert_eq!(counts(&observer).await.0, 10);
+    running.stop().await;
+}

@@ -667,12 +667,52 @@ async fn a_full_disk_answers_503_with_retry_after_then_recovers() {
         .metric("tombstoned_db_errors_total{sqlstate_class=\"53\"}")
         .await;
     assert!(class_53 >= full.len() as f64, "{class_53}");
+    // Readiness reflects it, although a read-only probe succeeds (issue 17 item 9).
+    let readyz = |http: reqwest::Client, ops: String| async move {
+        let r = http.get(format!("{ops}/readyz")).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    // (A result is reused for up to 1 s: poll briefly.)
+    let seen = std::time::Instant::now();
+    let reason = loop {
+        let (code, reason) = readyz(http.clone(), daemon.ops.clone()).await;
+        if code == 503 {
+            break reason;
+        }
+        assert!(
+            seen.elapsed() < Duration::from_secs(5),
+            "still ready: {reason}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        reason.contains("out of resources") && reason.contains("53100"),
+        "{reason}"
+    );
+    println!("/readyz while the disk is full: '{reason}'");
 
     // Space again: the same keys now create their orders (nothing was consumed).
     std::fs::remove_file(&filler).unwrap();
     let retried = post(&http, &daemon.api, ALICE, "disk-1", order("disk-1")).await;
     assert_eq!(retried.status, 201, "{}", retried.text);
     assert!(!retried.replayed);
+    // ... and readiness returns once no request has met class 53 for its hold (15 s).
+    let freed = std::time::Instant::now();
+    loop {
+        let (code, reason) = readyz(http.clone(), daemon.ops.clone()).await;
+        if code == 200 {
+            println!(
+                "/readyz: '{reason}' {:?} after space was freed",
+                freed.elapsed()
+            );
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(40),
+            "still not ready: {reason}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let log = daemon.stderr();
     assert!(log.contains("out of resources"), "{log}");
 
