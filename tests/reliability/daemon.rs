@@ -307,7 +307,7 @@ pub fn metric_value(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A session on `url` with `search_path` set to the schema, as the daemon's sessions have.
+/// A direct session on `url` with `search_path` set to the schema, for the tests' own SQL.
 pub async fn connect(url: &str, purpose: &str) -> Client {
     let config = harness::config_for(url, &[]);
     let mut pg = tombstoned::db::pg_config(&config.database, purpose);
