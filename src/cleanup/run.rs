@@ -34,7 +34,7 @@ pub async fn server_refuses_writes(
     let row = super::bounded(
         cleanup.statement_timeout,
         "checking whether the server accepts writes",
-        session.client.query_one(db::sql::READ_ONLY_CHECK, &[]),
+        session.conn().query_one(db::sql::READ_ONLY_CHECK, &[]),
     )
     .await?;
     let get = |i| {
