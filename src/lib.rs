@@ -27,7 +27,7 @@
 //!   validated into typed values; [`metrics`] — every Prometheus series; [`connections`] — the
 //!   HTTP server loop both listeners share (connection cap, header-read and idle timeouts,
 //!   bounded shutdown); [`fd_budget`] — fitting those caps into `RLIMIT_NOFILE`;
-//! * pure core: [`schedule`] — crontab(5) schedules; [`fingerprint`] — the intent's fingerprint;
+//! * pure core: [`instance`] — who this process is to other instances; [`schedule`] — crontab(5) schedules; [`fingerprint`] — the intent's fingerprint;
 //!   [`money`] — currencies and amounts; [`order_request`] — request validation; [`auth`] —
 //!   bearer tokens; [`exit`] — the exit statuses; [`toml_diagnostic`] — TOML errors told by
 //!   line, column and key, never by the text;
@@ -49,6 +49,7 @@ pub mod exit;
 pub mod fd_budget;
 pub mod fingerprint;
 pub mod http;
+pub mod instance;
 pub mod lookup;
 pub mod metrics;
 pub mod money;

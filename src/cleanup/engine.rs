@@ -2,7 +2,8 @@
 //! the phase's index batch by batch, each batch one short pipelined transaction, isolates rows
 //! held past `cleanup.lock_timeout` with `SKIP LOCKED`, retries deadlocks, and feeds the metrics.
 //! The statements and their locking argument are in [`super::sql`]; where a pass stands in its
-//! index is [`super::keyset`].
+//! index is [`super::keyset`]. A leased run's batches renew the lease first, in the same
+//! transaction ([`super::lease`]): a batch that finds the lease lost rolls back and ends the run.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -12,12 +13,14 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 
+use super::history::ProgressCell;
 use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
+use super::lease::Lease;
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::run::RunLimits;
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, OnLocked};
-use crate::db::pipeline::Pipelined;
+use crate::db::pipeline::{Guard, Pipelined};
 use crate::db::{self, DbError, ErrorClass};
 use crate::metrics::Metrics;
 
@@ -77,10 +80,18 @@ pub(super) struct PhaseResult {
     pub(super) left: Revisit,
 }
 
-/// A batch that ran to its end, or one rolled back by `lock_timeout`.
+/// A batch that ran to its end, or one rolled back by `lock_timeout`, or one rolled back because
+/// its run no longer holds the lease.
 enum BatchResult {
     Done(BatchRows),
     LockTimeout,
+    LeaseLost,
+}
+
+/// The lease a leased run renews in every batch, and its prepared renewal.
+pub(super) struct Renewal<'a> {
+    pub(super) lease: &'a Lease,
+    pub(super) statement: Statement,
 }
 
 /// One run's batch engine: the session, the prepared transaction frame, the run's limits and its
@@ -98,6 +109,9 @@ pub(super) struct Engine<'a> {
     lock_timeout: String,
     statement_timeout: String,
     committed_batches: u64,
+    renewal: Option<Renewal<'a>>,
+    /// What committed so far, readable by the caller after a failure.
+    progress: &'a ProgressCell,
     /// Every batch transaction's duration, committed or not.
     pub(super) batch_durations: Vec<Duration>,
     /// Batches retried after a deadlock or serialization failure.
@@ -107,6 +121,7 @@ pub(super) struct Engine<'a> {
 impl<'a> Engine<'a> {
     /// An engine on `client`, with BEGIN, the batch settings and COMMIT prepared once: every
     /// batch is then one pipelined round trip.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn new(
         client: &'a Client,
         cleanup: &'a CleanupConfig,
@@ -114,6 +129,8 @@ impl<'a> Engine<'a> {
         shutdown: &'a CancellationToken,
         meter: Meter<'a>,
         started: Instant,
+        renewal: Option<Renewal<'a>>,
+        progress: &'a ProgressCell,
     ) -> Result<Engine<'a>, CleanupError> {
         let prepare = |text: &'static str| async move {
             client
@@ -134,6 +151,8 @@ impl<'a> Engine<'a> {
             lock_timeout: db::sql::duration_setting(cleanup.lock_timeout),
             statement_timeout: db::sql::duration_setting(cleanup.statement_timeout),
             committed_batches: 0,
+            renewal,
+            progress,
             batch_durations: Vec::new(),
             retries: 0,
         })
@@ -181,32 +200,33 @@ impl<'a> Engine<'a> {
             let mut pass = Pass::new(range);
             loop {
                 if let Some(reason) = self.limit_reached() {
-                    result.left.add(pass.remaining());
-                    for (range, _) in work.drain(..) {
-                        result.left.add(range);
-                    }
-                    for range in deferred.take() {
-                        result.left.add(range);
-                    }
-                    result.stopped = Some(reason);
+                    stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
                     return Ok(result);
                 }
                 let statement = if waits { &wait } else { &skip };
-                let rows = match self.batch(phase, statement, bound, &pass).await? {
-                    BatchResult::Done(rows) => rows,
+                let first = self.batch(phase, statement, bound, &pass).await?;
+                let outcome = match first {
                     BatchResult::LockTimeout => {
                         result.lock_timeouts += 1;
                         // Isolate the held rows: the same batch without waiting for them.
-                        match self.batch(phase, &skip, bound, &pass).await? {
-                            BatchResult::Done(rows) => rows,
-                            // Only a table-level lock can time out a SKIP LOCKED batch (DDL in
-                            // progress): leave the rest of this pass for later.
-                            BatchResult::LockTimeout => {
-                                result.lock_timeouts += 1;
-                                result.left.add(pass.remaining());
-                                break;
-                            }
-                        }
+                        self.batch(phase, &skip, bound, &pass).await?
+                    }
+                    other => other,
+                };
+                let rows = match outcome {
+                    BatchResult::LeaseLost => {
+                        let reason = StopReason::LeaseLost;
+                        stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
+                        return Ok(result);
+                    }
+                    BatchResult::Done(rows) => rows,
+                    // The SKIP LOCKED batch timed out too (a first batch that did not time out
+                    // came through as it was): only a table-level lock can do that (DDL in
+                    // progress), so leave the rest of this pass for later.
+                    BatchResult::LockTimeout => {
+                        result.lock_timeouts += 1;
+                        result.left.add(pass.remaining());
+                        break;
                     }
                 };
                 result.changed += rows.changed;
@@ -235,6 +255,19 @@ impl<'a> Engine<'a> {
             }
         }
         Ok(result)
+    }
+
+    fn record_progress(&self, phase: Phase, rows: &BatchRows) {
+        self.progress.update(|p| {
+            match phase {
+                Phase::Tombstone => p.rows_tombstoned += rows.changed,
+                Phase::Purge => p.tombstones_purged += rows.changed,
+                Phase::OutboxRetention => p.outbox_events_deleted += rows.changed,
+            }
+            if rows.picked > 0 {
+                p.batches += 1;
+            }
+        });
     }
 
     fn limit_reached(&self) -> Option<StopReason> {
@@ -284,6 +317,7 @@ impl<'a> Engine<'a> {
             match result {
                 Ok(rows) => {
                     self.committed_batches += 1;
+                    self.record_progress(phase, &rows);
                     self.meter.batch("committed", took);
                     match phase {
                         Phase::Tombstone => self.meter.tombstoned(rows.changed),
@@ -305,12 +339,22 @@ impl<'a> Engine<'a> {
                         self.meter.db_error(e.sqlstate_class());
                         self.meter.batch("lock_timeout", took);
                         self.meter.lock_timeout();
+                        self.progress.update(|p| p.lock_timeouts += 1);
                         tracing::info!(
                             ?phase,
                             lock_timeout = %self.lock_timeout,
                             "batch rolled back: a row stayed locked past lock_timeout"
                         );
                         return Ok(BatchResult::LockTimeout);
+                    }
+                    ErrorClass::LeaseLost => {
+                        self.meter.batch("failed", took);
+                        tracing::warn!(
+                            ?phase,
+                            "batch rolled back: another run holds the cleanup lease now (this \
+                             run's had expired); stopping"
+                        );
+                        return Ok(BatchResult::LeaseLost);
                     }
                     ErrorClass::Deadlock | ErrorClass::SerializationFailure
                         if attempt < MAX_BATCH_ATTEMPTS =>
@@ -355,14 +399,25 @@ impl<'a> Engine<'a> {
         let to = pass.to();
         let settings: [&(dyn ToSql + Sync); 2] = [&self.lock_timeout, &self.statement_timeout];
         let params: [&(dyn ToSql + Sync); 4] = [&bound, &from, &to, &limit];
-        let row = Pipelined {
+        let pipelined = Pipelined {
             begin: &self.begin,
             settings: &self.batch_settings,
             statement,
             commit: &self.commit,
+        };
+        let row = match &self.renewal {
+            Some(renewal) => {
+                let renewal_params = renewal.lease.renewal_params();
+                let guard = Guard {
+                    statement: &renewal.statement,
+                    params: &renewal_params,
+                };
+                pipelined
+                    .query_one_guarded(self.client, &settings, guard, &params)
+                    .await
+            }
+            None => pipelined.query_one(self.client, &settings, &params).await,
         }
-        .query_one(self.client, &settings, &params)
-        .await
         .map_err(|failure| DbError::Query(failure.error))?;
         let picked: i64 = row.try_get(0)?;
         let changed: i64 = row.try_get(1)?;
@@ -375,6 +430,24 @@ impl<'a> Engine<'a> {
             passed_over: u64::try_from(passed_over).unwrap_or(0),
         })
     }
+}
+
+/// Ends a phase early: what it had not reached yet is left for the next run.
+fn stop_phase(
+    result: &mut PhaseResult,
+    reason: StopReason,
+    pass: &Pass,
+    work: &mut VecDeque<(KeyRange, PassKind)>,
+    deferred: &mut Revisit,
+) {
+    result.left.add(pass.remaining());
+    for (range, _) in work.drain(..) {
+        result.left.add(range);
+    }
+    for range in deferred.take() {
+        result.left.add(range);
+    }
+    result.stopped = Some(reason);
 }
 
 /// Feeds the metrics when the caller passed them.
@@ -434,6 +507,20 @@ impl Meter<'_> {
             // backlog gauges show what it left.
             m.cleanup_last_success_timestamp_seconds
                 .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+        }
+    }
+
+    pub(super) fn skipped_for_lease(&self) {
+        if let Some(m) = self.0 {
+            m.cleanup_runs
+                .with_label_values(&[RunOutcome::SkippedLease.label()])
+                .inc();
+        }
+    }
+
+    pub(super) fn lease_held(&self, held: bool) {
+        if let Some(m) = self.0 {
+            m.cleanup_lease_held.set(i64::from(held));
         }
     }
 

@@ -1,6 +1,7 @@
 //! One cleanup run ([`run_once`]): the cutoff, the tombstoning phase, the optional retention
 //! purge, the optional retention of delivered outbox events, the backlog left, and the
-//! [`RunReport`] it returns. The batches themselves are the [`super::engine`]'s.
+//! [`RunReport`] it returns. The batches themselves are the [`super::engine`]'s. [`run_leased`]
+//! is the same run under the single-runner lease, recorded in the run history.
 
 use std::time::{Duration, Instant};
 
@@ -8,8 +9,10 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Engine, Meter, Phase, PhaseResult};
+use super::engine::{Engine, Meter, Phase, PhaseResult, Renewal};
+use super::history::{finish_run, ProgressCell, RunRecord};
 use super::keyset::{Key, KeyRange};
+use super::lease::{Lease, LeaseState};
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
@@ -46,8 +49,137 @@ pub async fn run_once(
 ) -> Result<RunReport, CleanupError> {
     let meter = Meter(metrics);
     let started = Instant::now();
-    let result = run_inner(db, cleanup, retention, limits, shutdown, meter, started).await;
-    match &result {
+    let progress = ProgressCell::default();
+    let result = async {
+        let session = db::connect(db, "cleanup")
+            .await
+            .map_err(CleanupError::Connect)?;
+        let run = Run {
+            client: &session.client,
+            cleanup,
+            retention,
+            limits,
+            shutdown,
+            meter,
+            started,
+            progress: &progress,
+        };
+        run.run(None).await
+    }
+    .await;
+    report_result(meter, &result, started);
+    result
+}
+
+/// What [`run_leased`] did.
+#[derive(Debug)]
+pub enum LeasedRun {
+    /// Another instance holds the lease (as it stood when the take failed, if readable):
+    /// nothing was done.
+    Skipped(Option<LeaseState>),
+    /// The run, holding the lease. It is recorded in the history and the lease released.
+    Ran(RunReport),
+}
+
+/// [`run_once`] under the single-runner lease: takes the lease on the run's session (or
+/// returns [`LeasedRun::Skipped`] when another run holds it), renews it in every batch (a batch
+/// that finds it lost rolls back and the run stops, `stopped_by = lease_lost`), then records the
+/// run in `cleanup_runs` and releases the lease in one statement — a failed run too, when the
+/// database can be reached (otherwise that is logged and the lease expires on its own).
+///
+/// With `metrics`, a skip counts as `skipped_lease` and `tombstoned_cleanup_lease_held` is 1
+/// while this run holds the lease; errors are counted and returned like [`run_once`]'s.
+#[tracing::instrument(name = "cleanup_run", skip_all, fields(schema = %db.schema))]
+pub async fn run_leased(
+    db: &DatabaseConfig,
+    cleanup: &CleanupConfig,
+    retention: &RetentionConfig,
+    limits: RunLimits,
+    shutdown: &CancellationToken,
+    metrics: Option<&Metrics>,
+) -> Result<LeasedRun, CleanupError> {
+    let meter = Meter(metrics);
+    let started = Instant::now();
+    let session = match db::connect(db, "cleanup").await {
+        Ok(session) => session,
+        Err(e) => {
+            let e = CleanupError::Connect(e);
+            meter.run_failed(&e, started.elapsed());
+            return Err(e);
+        }
+    };
+    let holder = crate::instance::instance_id();
+    let lease = match Lease::try_acquire(&session.client, &db.schema, cleanup, &holder).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => {
+            meter.skipped_for_lease();
+            let state = LeaseState::read(&session.client, &db.schema)
+                .await
+                .ok()
+                .flatten();
+            tracing::info!(
+                holder = state.as_ref().map(|s| s.holder.as_str()),
+                "another instance holds the cleanup lease; run skipped"
+            );
+            return Ok(LeasedRun::Skipped(state));
+        }
+        Err(e) => {
+            meter.run_failed(&e, started.elapsed());
+            return Err(e);
+        }
+    };
+    meter.lease_held(true);
+    tracing::debug!(%holder, expires_at = %lease.expires_at(), "cleanup lease taken");
+    let progress = ProgressCell::default();
+    let result = async {
+        let statement = lease.prepare_renewal(&session.client, &db.schema).await?;
+        let run = Run {
+            client: &session.client,
+            cleanup,
+            retention,
+            limits,
+            shutdown,
+            meter,
+            started,
+            progress: &progress,
+        };
+        run.run(Some(Renewal {
+            lease: &lease,
+            statement,
+        }))
+        .await
+    }
+    .await;
+    let record = match &result {
+        Ok(report) => RunRecord::finished(report),
+        Err(e) => RunRecord::failed(e, progress.get(), started.elapsed()),
+    };
+    // Recorded on the run's session; after a lost connection, on a new one (bounded by
+    // connect_timeout): a run that failed is recorded whenever the database can be reached.
+    let recorded = if session.is_closed() {
+        match db::connect(db, "cleanup").await {
+            Ok(fresh) => finish_run(&fresh.client, &db.schema, cleanup, &lease, &record).await,
+            Err(e) => Err(e),
+        }
+    } else {
+        finish_run(&session.client, &db.schema, cleanup, &lease, &record).await
+    };
+    meter.lease_held(false);
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => tracing::info!("run recorded; the cleanup lease had passed to another run"),
+        Err(e) => tracing::warn!(
+            error = %db::error_text(&e),
+            "cleanup run not recorded in cleanup_runs; its lease expires on its own"
+        ),
+    }
+    report_result(meter, &result, started);
+    result.map(LeasedRun::Ran)
+}
+
+/// Counts and logs a run's end (a failure is counted only: reporting it is the caller's).
+fn report_result(meter: Meter<'_>, result: &Result<RunReport, CleanupError>, started: Instant) {
+    match result {
         Ok(report) => {
             meter.run_finished(report);
             tracing::info!(
@@ -71,99 +203,113 @@ pub async fn run_once(
         // status, `tombstoned cleanup` on its error line).
         Err(e) => meter.run_failed(e, started.elapsed()),
     }
-    result
 }
 
-async fn run_inner(
-    db: &DatabaseConfig,
-    cleanup: &CleanupConfig,
-    retention: &RetentionConfig,
+/// One run's session, settings and running figures.
+struct Run<'a> {
+    client: &'a Client,
+    cleanup: &'a CleanupConfig,
+    retention: &'a RetentionConfig,
     limits: RunLimits,
-    shutdown: &CancellationToken,
-    meter: Meter<'_>,
+    shutdown: &'a CancellationToken,
+    meter: Meter<'a>,
     started: Instant,
-) -> Result<RunReport, CleanupError> {
-    let session = db::connect(db, "cleanup")
-        .await
-        .map_err(CleanupError::Connect)?;
-    let client = &session.client;
-    client
-        .query_one(
-            db::sql::SET_STATEMENT_TIMEOUT,
-            &[&db::sql::duration_setting(cleanup.statement_timeout)],
+    progress: &'a ProgressCell,
+}
+
+impl Run<'_> {
+    async fn run(self, renewal: Option<Renewal<'_>>) -> Result<RunReport, CleanupError> {
+        let Run {
+            client,
+            cleanup,
+            retention,
+            limits,
+            shutdown,
+            meter,
+            started,
+            progress,
+        } = self;
+        client
+            .query_one(
+                db::sql::SET_STATEMENT_TIMEOUT,
+                &[&db::sql::duration_setting(cleanup.statement_timeout)],
+            )
+            .await
+            .map_err(CleanupError::query("configuring the cleanup session"))?;
+        let cutoff: DateTime<Utc> = client
+            .query_one(sql::CUTOFF, &[])
+            .await
+            .map_err(CleanupError::query("reading the cutoff"))?
+            .try_get(0)
+            .map_err(CleanupError::query("reading the cutoff"))?;
+
+        let mut engine = Engine::new(
+            client, cleanup, limits, shutdown, meter, started, renewal, progress,
         )
-        .await
-        .map_err(CleanupError::query("configuring the cleanup session"))?;
-    let cutoff: DateTime<Utc> = client
-        .query_one(sql::CUTOFF, &[])
-        .await
-        .map_err(CleanupError::query("reading the cutoff"))?
-        .try_get(0)
-        .map_err(CleanupError::query("reading the cutoff"))?;
+        .await?;
 
-    let mut engine = Engine::new(client, cleanup, limits, shutdown, meter, started).await?;
-
-    let tombstoning = engine.phase(Phase::Tombstone, cutoff).await?;
-    let mut stopped = tombstoning.stopped;
-    let mut purge_bound = None;
-    let mut purging = PhaseResult::default();
-    if let (None, Some(after)) = (stopped, retention.purge_tombstones_after) {
-        if let Some(before) = purge_before(cutoff, after) {
-            purge_bound = Some(before);
-            purging = engine.phase(Phase::Purge, before).await?;
-            stopped = purging.stopped;
+        let tombstoning = engine.phase(Phase::Tombstone, cutoff).await?;
+        let mut stopped = tombstoning.stopped;
+        let mut purge_bound = None;
+        let mut purging = PhaseResult::default();
+        if let (None, Some(after)) = (stopped, retention.purge_tombstones_after) {
+            if let Some(before) = purge_before(cutoff, after) {
+                purge_bound = Some(before);
+                purging = engine.phase(Phase::Purge, before).await?;
+                stopped = purging.stopped;
+            }
         }
-    }
-    let mut outbox_bound = None;
-    let mut outbox = PhaseResult::default();
-    if let (None, Some(keep)) = (stopped, retention.outbox_keep_delivered) {
-        if let Some(before) = purge_before(cutoff, keep) {
-            outbox_bound = Some(before);
-            outbox = engine.phase(Phase::OutboxRetention, before).await?;
-            stopped = outbox.stopped;
+        let mut outbox_bound = None;
+        let mut outbox = PhaseResult::default();
+        if let (None, Some(keep)) = (stopped, retention.outbox_keep_delivered) {
+            if let Some(before) = purge_before(cutoff, keep) {
+                outbox_bound = Some(before);
+                outbox = engine.phase(Phase::OutboxRetention, before).await?;
+                stopped = outbox.stopped;
+            }
         }
-    }
 
-    let (backlog_rows, oldest_due_deadline) =
-        backlog(client, cutoff, tombstoning.left.ranges()).await?;
-    let duration = started.elapsed();
-    let stopped_by = stopped.unwrap_or(StopReason::Finished);
-    let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
-        RunOutcome::Partial
-    } else {
-        RunOutcome::Success
-    };
-    let oldest_due_age = oldest_due_deadline.and_then(|deadline| {
-        let now = cutoff + TimeDelta::from_std(duration).unwrap_or_default();
-        (now - deadline).to_std().ok()
-    });
-    let mut durations = std::mem::take(&mut engine.batch_durations);
-    durations.sort_unstable();
-    let slowest_batch = durations.last().copied().unwrap_or_default();
-    let batch_p99 = percentile(&durations, 0.99);
-    Ok(RunReport {
-        cutoff,
-        rows_tombstoned: tombstoning.changed,
-        batches: tombstoning.batches,
-        lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts + outbox.lock_timeouts,
-        rows_skipped: tombstoning.rows_skipped,
-        retries: engine.retries,
-        tombstones_purged: purging.changed,
-        purge_batches: purging.batches,
-        purge_before: purge_bound,
-        outbox_events_deleted: outbox.changed,
-        outbox_batches: outbox.batches,
-        outbox_delete_before: outbox_bound,
-        duration,
-        rows_per_second: per_second(tombstoning.changed, duration),
-        backlog_rows,
-        oldest_due_deadline,
-        oldest_due_age,
-        slowest_batch,
-        batch_p99,
-        stopped_by,
-        outcome,
-    })
+        let (backlog_rows, oldest_due_deadline) =
+            backlog(client, cutoff, tombstoning.left.ranges()).await?;
+        let duration = started.elapsed();
+        let stopped_by = stopped.unwrap_or(StopReason::Finished);
+        let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
+            RunOutcome::Partial
+        } else {
+            RunOutcome::Success
+        };
+        let oldest_due_age = oldest_due_deadline.and_then(|deadline| {
+            let now = cutoff + TimeDelta::from_std(duration).unwrap_or_default();
+            (now - deadline).to_std().ok()
+        });
+        let mut durations = std::mem::take(&mut engine.batch_durations);
+        durations.sort_unstable();
+        let slowest_batch = durations.last().copied().unwrap_or_default();
+        let batch_p99 = percentile(&durations, 0.99);
+        Ok(RunReport {
+            cutoff,
+            rows_tombstoned: tombstoning.changed,
+            batches: tombstoning.batches,
+            lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts + outbox.lock_timeouts,
+            rows_skipped: tombstoning.rows_skipped,
+            retries: engine.retries,
+            tombstones_purged: purging.changed,
+            purge_batches: purging.batches,
+            purge_before: purge_bound,
+            outbox_events_deleted: outbox.changed,
+            outbox_batches: outbox.batches,
+            outbox_delete_before: outbox_bound,
+            duration,
+            rows_per_second: per_second(tombstoning.changed, duration),
+            backlog_rows,
+            oldest_due_deadline,
+            oldest_due_age,
+            slowest_batch,
+            batch_p99,
+            stopped_by,
+            outcome,
+        })
+    }
 }
 
 /// The instant tombstones must have expired at or before to be purged (or outbox events been

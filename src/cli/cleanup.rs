@@ -8,7 +8,9 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use super::CleanupArgs;
-use crate::cleanup::{dry_run_with_purge, run_once, DryRunReport, Lease, RunLimits, RunReport};
+use crate::cleanup::{
+    dry_run_with_purge, run_leased, DryRunReport, LeasedRun, RunLimits, RunReport,
+};
 use crate::config::Config;
 use crate::db;
 use crate::exit::Exit;
@@ -44,17 +46,6 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         return Ok(Exit::Success);
     }
 
-    let Some(lease) = Lease::try_acquire(&config.database)
-        .await
-        .context("cannot take the cleanup lease")?
-    else {
-        super::say(&format!(
-            "another instance is cleaning schema {} (it holds the cleanup lease); nothing was \
-             done",
-            config.database.schema
-        ));
-        return Ok(Exit::TempFail);
-    };
     let shutdown = CancellationToken::new();
     match GracefulStop::install() {
         Ok(signals) => {
@@ -69,7 +60,7 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
             "a signal ends the run at once, without letting its batch finish"
         ),
     }
-    let result = run_once(
+    let result = run_leased(
         &config.database,
         &config.cleanup,
         &config.retention,
@@ -80,11 +71,20 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         None,
     )
     .await;
-    if let Err(e) = lease.release().await {
-        // Closing the session (dropping the lease) releases it anyway.
-        tracing::warn!(error = %e.summary(), "could not release the cleanup lease");
-    }
-    let report = result.context("cleanup run failed")?;
+    let report = match result.context("cleanup run failed")? {
+        LeasedRun::Ran(report) => report,
+        LeasedRun::Skipped(state) => {
+            let by = state
+                .map(|s| format!(" by {} until {}", s.holder, timestamp(s.expires_at)))
+                .unwrap_or_default();
+            super::say(&format!(
+                "another instance is cleaning schema {} (it holds the cleanup lease{by}); \
+                 nothing was done",
+                config.database.schema
+            ));
+            return Ok(Exit::TempFail);
+        }
+    };
     if args.json {
         stdout::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
@@ -114,6 +114,7 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         crate::cleanup::StopReason::MaxRunTime => "stopped at cleanup.max_run_time",
         crate::cleanup::StopReason::MaxBatches => "stopped at --max-batches",
         crate::cleanup::StopReason::Shutdown => "stopped by a signal",
+        crate::cleanup::StopReason::LeaseLost => "stopped: another run took the cleanup lease",
     };
     let _ = writeln!(out, "cleanup {stopped} (cutoff {})", timestamp(r.cutoff));
     let _ = writeln!(out, "  rows tombstoned   {}", r.rows_tombstoned);

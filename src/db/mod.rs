@@ -14,7 +14,7 @@ mod session;
 pub mod sql;
 pub mod tls;
 
-pub use error::{classify, sqlstate_class, violated_constraint, DbError, ErrorClass};
+pub use error::{classify, sqlstate_class, violated_constraint, DbError, ErrorClass, LEASE_LOST};
 pub use error_text::error_text;
 pub use session::Session;
 

@@ -9,6 +9,11 @@
 //! between, and the row locks its statement takes are released the moment the statement ends
 //! (the COMMIT is already waiting at the server), not one client round trip later.
 //!
+//! A cleanup batch adds one statement between the settings and its own: the lease renewal
+//! ([`Guard`]), which fails when the run no longer holds the lease, so the batch behind it is
+//! skipped and the COMMIT ends the transaction as a ROLLBACK: a batch commits only while its run
+//! holds the lease, still in one round trip.
+//!
 //! The statements come prepared: the caller chooses how (the claim through the pool's statement
 //! cache, [`prepare_cached`]; a cleanup run once per run), so each transaction is four Bind/
 //! Execute/Sync messages and no Parse.
@@ -32,6 +37,16 @@ pub struct Pipelined<'s> {
     pub statement: &'s Statement,
     /// [`sql::COMMIT`], prepared.
     pub commit: &'s Statement,
+}
+
+/// A statement run after the settings and before the main one, whose failure rolls the whole
+/// transaction back (the cleanup lease's renewal, `crate::cleanup::Lease`).
+#[derive(Clone, Copy)]
+pub struct Guard<'s> {
+    /// The prepared statement.
+    pub statement: &'s Statement,
+    /// Its parameters.
+    pub params: &'s [&'s (dyn ToSql + Sync)],
 }
 
 /// A failed pipelined transaction: the first error in statement order (later statements only
@@ -59,7 +74,7 @@ impl Pipelined<'_> {
         settings: &[&(dyn ToSql + Sync)],
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, PipelineFailure> {
-        self.run(client, settings, client.query(self.statement, params))
+        self.run(client, settings, None, client.query(self.statement, params))
             .await
     }
 
@@ -71,8 +86,31 @@ impl Pipelined<'_> {
         settings: &[&(dyn ToSql + Sync)],
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, PipelineFailure> {
-        self.run(client, settings, client.query_one(self.statement, params))
-            .await
+        self.run(
+            client,
+            settings,
+            None,
+            client.query_one(self.statement, params),
+        )
+        .await
+    }
+
+    /// [`Pipelined::query_one`] with `guard` run between the settings and the statement: when
+    /// the guard fails, that is the error, and nothing of the transaction applied.
+    pub async fn query_one_guarded(
+        self,
+        client: &Client,
+        settings: &[&(dyn ToSql + Sync)],
+        guard: Guard<'_>,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, PipelineFailure> {
+        self.run(
+            client,
+            settings,
+            Some(guard),
+            client.query_one(self.statement, params),
+        )
+        .await
     }
 
     /// `statement` is the main statement's request, not yet polled (so not yet sent).
@@ -80,18 +118,28 @@ impl Pipelined<'_> {
         self,
         client: &Client,
         settings: &[&(dyn ToSql + Sync)],
+        guard: Option<Guard<'_>>,
         statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, PipelineFailure> {
-        let (begin, set, main, commit) = tokio::join!(
+        // Polled (so sent) in its place, right after the settings; nothing without a guard.
+        let guarded = async {
+            match guard {
+                Some(g) => client.execute(g.statement, g.params).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let (begin, set, guarded, main, commit) = tokio::join!(
             biased;
             client.execute(self.begin, &[]),
             client.execute(self.settings, settings),
+            guarded,
             statement,
             client.execute(self.commit, &[]),
         );
         // The first failure in statement order is the cause.
         begin.map_err(PipelineFailure::sent)?;
         set.map_err(PipelineFailure::sent)?;
+        guarded.map_err(PipelineFailure::sent)?;
         let out = main.map_err(PipelineFailure::sent)?;
         commit.map_err(PipelineFailure::sent)?;
         Ok(out)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{TimeDelta, Timelike, Utc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tombstoned::cleanup::{lease_key, RunOutcome};
+use tombstoned::cleanup::RunOutcome;
 use tombstoned::config::Config;
 use tombstoned::metrics::Metrics;
 use tombstoned::scheduler::{Scheduler, SchedulerState, SchedulerStatus};
@@ -124,7 +124,13 @@ async fn fire_times_missed_during_a_long_run_are_coalesced_into_one_catch_up_run
         1,
         "runs overlapped"
     );
-    assert_eq!(sessions(&observer, "tombstoned/cleanup-lease").await, 1);
+    // The lease row names this process's running run (it used to be a lease session).
+    let lease = lease_state(&observer).await.expect("lease row");
+    assert!(lease.held, "{lease:?}");
+    assert!(
+        lease.holder.contains(&format!(":{}:", std::process::id())),
+        "{lease:?}"
+    );
     assert_eq!(running.metrics.cleanup_lease_held.get(), 1);
     reader.commit().await;
 
@@ -160,14 +166,9 @@ async fn a_fire_is_skipped_and_recorded_while_another_session_holds_the_lease() 
     let observer = db.client().await;
     seed_live(&observer, "ls", 10, DUE).await;
     let holder = db.client().await;
-    holder
-        .query_one(
-            "SELECT pg_advisory_lock(hashtextextended($1, 0))",
-            &[&lease_key("tombstoned")],
-        )
-        .await
-        .unwrap();
-    let mut running = start(db.config_with(&[("TOMBSTONED_CLEANUP__SCHEDULE", "* * * * * *")]));
+    let config = db.config_with(&[("TOMBSTONED_CLEANUP__SCHEDULE", "* * * * * *")]);
+    let lease = take_lease(&holder, &config, "other-host:4242:0badcafe").await;
+    let mut running = start(config);
 
     let skipped = running
         .until("a lease skip", |s| {
@@ -186,13 +187,12 @@ async fn a_fire_is_skipped_and_recorded_while_another_session_holds_the_lease() 
         "a skipped fire must not clean"
     );
 
-    holder
-        .query_one(
-            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
-            &[&lease_key("tombstoned")],
-        )
-        .await
-        .unwrap();
+    assert_eq!(
+        lease_state(&observer).await.unwrap().holder,
+        "other-host:4242:0badcafe",
+        "a skipped fire must not take the lease"
+    );
+    assert!(lease.release(&holder, SCHEMA).await.unwrap());
     let ran = running
         .until("a run after the lease is free", |s| {
             s.last_run
@@ -312,5 +312,6 @@ async fn shutdown_during_a_run_lets_the_batch_finish_and_ends_the_loop() {
         1
     );
     assert_eq!(counts(&observer).await.0, 20);
-    wait_until_gone(&observer, "tombstoned/cleanup-lease").await;
+    wait_until_gone(&observer, "tombstoned/cleanup").await;
+    assert_lease_free(&observer).await;
 }
