@@ -43,8 +43,8 @@ CREATE TABLE cleanup_runs (
     run_id                 bigint      GENERATED ALWAYS AS IDENTITY,
     -- The lease holder that ran it ('<host>:<pid>:<run token>').
     instance               text        NOT NULL,
-    -- Database clock: finished_at is the recording statement's now(), started_at that minus the
-    -- run's own (monotonic) duration.
+    -- Database clock: started_at is when the run took the lease, finished_at the recording
+    -- statement's now() (the lease is released by that same statement).
     started_at             timestamptz NOT NULL,
     finished_at            timestamptz NOT NULL,
     -- success, partial (stopped early with rows still due) or failed.

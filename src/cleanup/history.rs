@@ -2,8 +2,6 @@
 //! statement that also releases its lease and trims the history to `cleanup.history_runs`
 //! ([`finish_run`]), and what `tombstoned status` reads back ([`RecordedRun`]).
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::{Client, GenericClient, Row};
@@ -48,7 +46,6 @@ impl ProgressCell {
 /// One run as the history stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct RunRecord {
-    pub(super) duration: Duration,
     pub(super) outcome: RunOutcome,
     pub(super) stopped_by: Option<&'static str>,
     pub(super) rows_tombstoned: u64,
@@ -65,7 +62,6 @@ impl RunRecord {
     /// A run that ended with its report.
     pub(super) fn finished(report: &RunReport) -> Self {
         RunRecord {
-            duration: report.duration,
             outcome: report.outcome,
             stopped_by: Some(report.stopped_by.label()),
             rows_tombstoned: report.rows_tombstoned,
@@ -80,9 +76,8 @@ impl RunRecord {
     }
 
     /// A run that failed after `progress`, with `error`'s one-line text (never a DETAIL).
-    pub(super) fn failed(error: &CleanupError, progress: Progress, duration: Duration) -> Self {
+    pub(super) fn failed(error: &CleanupError, progress: Progress) -> Self {
         RunRecord {
-            duration,
             outcome: RunOutcome::Failed,
             stopped_by: None,
             rows_tombstoned: progress.rows_tombstoned,
@@ -111,7 +106,6 @@ pub(super) async fn finish_run(
     lease: &Lease,
     record: &RunRecord,
 ) -> Result<bool, DbError> {
-    let duration_us = i64::try_from(record.duration.as_micros()).unwrap_or(i64::MAX);
     let keep_existing = i64::from(cleanup.history_runs) - 1;
     let row = short_transaction(
         client,
@@ -120,7 +114,7 @@ pub(super) async fn finish_run(
         &[
             &LEASE_NAME,
             &lease.holder(),
-            &duration_us,
+            &lease.acquired_at(),
             &record.outcome.label(),
             &record.stopped_by,
             &int(record.rows_tombstoned),
@@ -236,7 +230,7 @@ mod tests {
             batches: 3,
             ..Progress::default()
         };
-        let record = RunRecord::failed(&error, progress, Duration::from_secs(2));
+        let record = RunRecord::failed(&error, progress);
         assert_eq!(record.outcome, RunOutcome::Failed);
         assert_eq!(record.stopped_by, None);
         assert_eq!((record.rows_tombstoned, record.batches), (30, 3));

@@ -16,7 +16,7 @@ use super::lease::{Lease, LeaseState};
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
-use crate::db;
+use crate::db::{self, ErrorClass};
 use crate::metrics::Metrics;
 
 /// Limits a caller puts on one run, on top of the configuration's `cleanup.max_run_time`.
@@ -152,18 +152,26 @@ pub async fn run_leased(
     .await;
     let record = match &result {
         Ok(report) => RunRecord::finished(report),
-        Err(e) => RunRecord::failed(e, progress.get(), started.elapsed()),
+        Err(e) => RunRecord::failed(e, progress.get()),
     };
     // Recorded on the run's session; after a lost connection, on a new one (bounded by
     // connect_timeout): a run that failed is recorded whenever the database can be reached.
-    let recorded = if session.is_closed() {
-        match db::connect(db, "cleanup").await {
+    let mut recorded = None;
+    if !session.is_closed() {
+        recorded = Some(finish_run(&session.client, &db.schema, cleanup, &lease, &record).await);
+    }
+    let connection_lost = match &recorded {
+        None => true,
+        Some(Err(e)) => e.class() == ErrorClass::Unavailable,
+        Some(Ok(_)) => false,
+    };
+    if connection_lost {
+        recorded = Some(match db::connect(db, "cleanup").await {
             Ok(fresh) => finish_run(&fresh.client, &db.schema, cleanup, &lease, &record).await,
             Err(e) => Err(e),
-        }
-    } else {
-        finish_run(&session.client, &db.schema, cleanup, &lease, &record).await
-    };
+        });
+    }
+    let recorded = recorded.unwrap_or(Ok(false));
     meter.lease_held(false);
     match recorded {
         Ok(true) => {}

@@ -355,7 +355,8 @@ SELECT {schema}.cleanup_lease_required((SELECT expires_at FROM renewed))";
 
 /// Ends a run in one statement: releases the lease `$1` if holder `$2` still has it
 /// (`expires_at = now()`), records the run in `cleanup_runs` and trims the history to its
-/// newest rows. `$3` the run's duration in microseconds, `$4` outcome, `$5` stopped_by, `$6`..
+/// newest rows. `$3` when the run took the lease (its start: the same database clock, so the
+/// [started, finished] intervals of runs taking turns never overlap), `$4` outcome, `$5` stopped_by, `$6`..
 /// `$11` rows_tombstoned, tombstones_purged, outbox_events_deleted, lock_timeouts, rows_skipped,
 /// batches, `$12` backlog_rows, `$13` error, `$14` how many of the existing rows to keep (the
 /// history length minus one: the new row is not visible to this statement's own DELETE).
@@ -375,7 +376,7 @@ recorded AS (
         (instance, started_at, finished_at, outcome, stopped_by, rows_tombstoned,
          tombstones_purged, outbox_events_deleted, lock_timeouts, rows_skipped, batches,
          backlog_rows, error)
-    VALUES ($2, now() - $3::bigint * interval '1 microsecond', now(), $4, $5, $6, $7, $8, $9,
+    VALUES ($2, least($3::timestamptz, now()), now(), $4, $5, $6, $7, $8, $9,
             $10, $11, $12, $13)
     RETURNING run_id
 ),

@@ -22,6 +22,7 @@ mod demo;
 mod dist;
 mod error_text;
 mod harness;
+mod lease;
 mod multihost;
 mod ops_server;
 mod ops_support;
