@@ -4,6 +4,7 @@
 //! | status | meaning |
 //! |---|---|
 //! | 0  | success (also: the reader of standard output went away) |
+//! | 2  | `status --max-age`: the last successful cleanup run is older than that, or none is recorded (like Nagios CRITICAL) |
 //! | 64 | bad usage or configuration (EX_USAGE) |
 //! | 69 | database unavailable, or its schema not current (EX_UNAVAILABLE) |
 //! | 70 | internal error (EX_SOFTWARE) |
@@ -17,6 +18,8 @@ use std::process::ExitCode;
 pub enum Exit {
     /// 0
     Success = 0,
+    /// 2: `status --max-age` found cleanup stale (the last success too old, or none).
+    Stale = 2,
     /// 64: bad usage or configuration.
     Usage = 64,
     /// 69: the database (or the PostgreSQL installation the demo needs) is unavailable.

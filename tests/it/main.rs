@@ -34,4 +34,5 @@ mod replay_locks;
 mod scheduler;
 mod schema;
 mod security;
+mod status;
 mod tls;
