@@ -66,7 +66,7 @@ fn ago(seconds: f64) -> String {
 
 fn run_line(r: &RecordedRun) -> String {
     format!(
-        "  {:<20}  {:<7}  {:<12}  {:>10}  {:>8}  {:>6}  {}",
+        "  {:<20}  {:<7}  {:<12}  {:>10}  {:>8}  {:>8}  {}",
         timestamp(r.finished_at),
         r.outcome,
         r.stopped_by.as_deref().unwrap_or("-"),
@@ -191,8 +191,8 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
         let _ = writeln!(out, "recent runs");
         let _ = writeln!(
             out,
-            "  {:<20}  {:<7}  {:<12}  {:>10}  {:>8}  {:>6}  instance",
-            "finished", "outcome", "stopped by", "tombstoned", "purged", "lockto"
+            "  {:<20}  {:<7}  {:<12}  {:>10}  {:>8}  {:>8}  instance",
+            "finished", "outcome", "stopped by", "tombstoned", "purged", "timeouts"
         );
         for run in &r.recent_runs {
             let _ = writeln!(out, "{}", run_line(run));
