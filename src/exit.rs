@@ -44,3 +44,63 @@ impl From<Exit> for ExitCode {
         ExitCode::from(e as u8)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every status, by an exhaustive match: a new variant fails to compile here until listed.
+    fn every_status() -> Vec<Exit> {
+        let all = vec![
+            Exit::Success,
+            Exit::Stale,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::Software,
+            Exit::TempFail,
+            Exit::Interrupted,
+        ];
+        for e in &all {
+            match e {
+                Exit::Success
+                | Exit::Stale
+                | Exit::Usage
+                | Exit::Unavailable
+                | Exit::Software
+                | Exit::TempFail
+                | Exit::Interrupted => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_status_is_in_the_module_table_the_readme_and_the_man_page() {
+        let module = include_str!("exit.rs");
+        let readme = include_str!("../README.md");
+        let man = include_str!("../dist/man/tombstoned.8");
+        let mut codes: Vec<i32> = every_status().into_iter().map(Exit::code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(
+            codes.len(),
+            every_status().len(),
+            "two statuses share a code"
+        );
+        for code in codes {
+            let padded = format!("//! | {code:<2} |");
+            assert!(
+                module.contains(&padded),
+                "{code} missing from the module table"
+            );
+            assert!(
+                readme.contains(&format!("\n| {code} | ")),
+                "{code} missing from the README's exit status table"
+            );
+            assert!(
+                man.contains(&format!(".TP\n\\fB{code}\\fR\n")),
+                "{code} missing from tombstoned(8)"
+            );
+        }
+    }
+}
