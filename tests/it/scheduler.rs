@@ -315,3 +315,53 @@ async fn shutdown_during_a_run_lets_the_batch_finish_and_ends_the_loop() {
     wait_until_gone(&observer, "tombstoned/cleanup").await;
     assert_lease_free(&observer).await;
 }
+
+/// Two schedulers (two daemons' worth) on one database, firing every second with runs longer
+/// than that: they take turns. The run history shows no two runs at once, every tombstone is
+/// accounted for by a recorded run, and after both stop nothing holds the lease.
+#[tokio::test]
+async fn two_schedulers_on_one_database_never_clean_at_the_same_time() {
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    seed_live(&observer, "pair", 3000, DUE).await;
+    let config = db.config_with(&[
+        ("TOMBSTONED_CLEANUP__SCHEDULE", "* * * * * *"),
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "10"),
+        ("TOMBSTONED_CLEANUP__PAUSE_BETWEEN_BATCHES", "20ms"),
+        ("TOMBSTONED_CLEANUP__MAX_RUN_TIME", "1500ms"),
+    ]);
+    let (first, second) = (start(config.clone()), start(config));
+
+    // Barrier on the history itself: wait until four runs are recorded.
+    let deadline = std::time::Instant::now() + BARRIER * 3;
+    loop {
+        let recorded: i64 = observer
+            .query_one("SELECT count(*) FROM tombstoned.cleanup_runs", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if recorded >= 4 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "only {recorded} runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let skipped = first.runs("skipped_lease") + second.runs("skipped_lease");
+    first.stop().await;
+    second.stop().await;
+
+    let runs = tombstoned::cleanup::RecordedRun::recent(&observer, SCHEMA, 1000)
+        .await
+        .unwrap();
+    let mut intervals: Vec<_> = runs.iter().map(|r| (r.started_at, r.finished_at)).collect();
+    intervals.sort();
+    for pair in intervals.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "two runs overlapped: {pair:?}");
+    }
+    assert!(runs.iter().all(|r| r.outcome != "failed"), "{runs:?}");
+    let recorded: i64 = runs.iter().map(|r| r.rows_tombstoned).sum();
+    assert_eq!(recorded, counts(&observer).await.0);
+    assert_lease_free(&observer).await;
+    // Runs of 1.5 s fired every second by two schedulers: some fires found the lease taken.
+    assert!(skipped >= 1, "no fire was ever skipped");
+}
