@@ -65,7 +65,7 @@ fn millis(d: Duration) -> i64 {
 }
 
 /// The lease, held by one run. Renewed by that run's batches; released (and the run recorded)
-/// by [`super::history::finish_run`].
+/// by the run that took it ([`super::run_leased`]), with its record in the history.
 #[derive(Debug, Clone)]
 pub struct Lease {
     holder: String,
