@@ -149,6 +149,8 @@ pub struct CleanupConfig {
     pub max_run_time: Duration,
     /// Sleep between batches, to throttle.
     pub pause_between_batches: Duration,
+    /// Runs kept in the `cleanup_runs` history (the oldest are deleted as new ones are written).
+    pub history_runs: u32,
 }
 
 /// `[api]`: the claim/replay HTTP endpoint.
@@ -334,6 +336,7 @@ struct RawCleanup {
     on_locked: String,
     max_run_time: String,
     pause_between_batches: String,
+    history_runs: i64,
 }
 
 impl Default for RawCleanup {
@@ -347,6 +350,7 @@ impl Default for RawCleanup {
             on_locked: "wait".into(),
             max_run_time: "4m".into(),
             pause_between_batches: "0s".into(),
+            history_runs: 100,
         }
     }
 }
@@ -869,6 +873,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
             "cleanup.pause_between_batches",
             &cleanup.pause_between_batches,
         )?,
+        history_runs: in_range("cleanup.history_runs", cleanup.history_runs, 1, 100_000)?,
     };
     if cleanup.lock_timeout >= cleanup.statement_timeout {
         return Err(ConfigError::Invalid {

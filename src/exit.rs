@@ -4,6 +4,7 @@
 //! | status | meaning |
 //! |---|---|
 //! | 0  | success (also: the reader of standard output went away) |
+//! | 2  | `status --max-age`: the last successful cleanup run is older than that, or none is recorded (like Nagios CRITICAL) |
 //! | 64 | bad usage or configuration (EX_USAGE) |
 //! | 69 | database unavailable, or its schema not current (EX_UNAVAILABLE) |
 //! | 70 | internal error (EX_SOFTWARE) |
@@ -17,6 +18,8 @@ use std::process::ExitCode;
 pub enum Exit {
     /// 0
     Success = 0,
+    /// 2: `status --max-age` found cleanup stale (the last success too old, or none).
+    Stale = 2,
     /// 64: bad usage or configuration.
     Usage = 64,
     /// 69: the database (or the PostgreSQL installation the demo needs) is unavailable.
@@ -39,5 +42,65 @@ impl Exit {
 impl From<Exit> for ExitCode {
     fn from(e: Exit) -> Self {
         ExitCode::from(e as u8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every status, by an exhaustive match: a new variant fails to compile here until listed.
+    fn every_status() -> Vec<Exit> {
+        let all = vec![
+            Exit::Success,
+            Exit::Stale,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::Software,
+            Exit::TempFail,
+            Exit::Interrupted,
+        ];
+        for e in &all {
+            match e {
+                Exit::Success
+                | Exit::Stale
+                | Exit::Usage
+                | Exit::Unavailable
+                | Exit::Software
+                | Exit::TempFail
+                | Exit::Interrupted => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn every_status_is_in_the_module_table_the_readme_and_the_man_page() {
+        let module = include_str!("exit.rs");
+        let readme = include_str!("../README.md");
+        let man = include_str!("../dist/man/tombstoned.8");
+        let mut codes: Vec<i32> = every_status().into_iter().map(Exit::code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(
+            codes.len(),
+            every_status().len(),
+            "two statuses share a code"
+        );
+        for code in codes {
+            let padded = format!("//! | {code:<2} |");
+            assert!(
+                module.contains(&padded),
+                "{code} missing from the module table"
+            );
+            assert!(
+                readme.contains(&format!("\n| {code} | ")),
+                "{code} missing from the README's exit status table"
+            );
+            assert!(
+                man.contains(&format!(".TP\n\\fB{code}\\fR\n")),
+                "{code} missing from tombstoned(8)"
+            );
+        }
     }
 }

@@ -9,8 +9,8 @@
 use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
 
 /// Descriptors kept back besides the pool and the two listeners' connections: stdio, the
-/// runtime's epoll and wakers, the listening sockets, the start-up, readiness, cleanup-lease and
-/// cleanup-run sessions, configuration and tokens files read on SIGHUP, `/proc` reads of the
+/// runtime's epoll and wakers, the listening sockets, the start-up, readiness and cleanup-run
+/// sessions (the latter briefly two, recording a run whose connection was lost), configuration and tokens files read on SIGHUP, `/proc` reads of the
 /// process collector, the notify socket, DNS lookups — with room to spare.
 pub const RESERVED_FDS: u64 = 64;
 

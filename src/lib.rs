@@ -21,14 +21,15 @@
 //!   claim/replay protocol and its statements) and [`lookup`] (the read-only GET queries);
 //!   [`ops`] — the metrics/health listener, readiness, the watchdog policy and the sd_notify
 //!   transport; [`outbox`] — the relay that delivers `outbox_events` as signed webhooks, at least
-//!   once, in order per order, with dead letters and requeue;
+//!   once, in order per order, with dead letters and requeue; [`status`] — what `tombstoned
+//!   status` reads (lease, run history, backlog, lag) in one read-only snapshot;
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
 //!   one error text, shared statements, [`db::migrations`]; [`config`] — the configuration
 //!   validated into typed values; [`metrics`] — every Prometheus series; [`connections`] — the
 //!   HTTP server loop both listeners share (connection cap, header-read and idle timeouts,
 //!   bounded shutdown); [`fd_budget`] — fitting those caps into `RLIMIT_NOFILE`;
-//! * pure core: [`schedule`] — crontab(5) schedules; [`fingerprint`] — the intent's fingerprint;
-//!   [`money`] — currencies and amounts; [`order_request`] — request validation; [`auth`] —
+//! * pure core: [`instance`] — who this process is to other instances; [`schedule`] —
+//!   crontab(5) schedules; [`fingerprint`] — the intent's fingerprint; [`money`] — currencies and amounts; [`order_request`] — request validation; [`auth`] —
 //!   bearer tokens; [`exit`] — the exit statuses; [`toml_diagnostic`] — TOML errors told by
 //!   line, column and key, never by the text;
 //! * to the side: [`demo`] — a scripted client of the real binary; [`pg_cluster`] — throwaway
@@ -49,6 +50,7 @@ pub mod exit;
 pub mod fd_budget;
 pub mod fingerprint;
 pub mod http;
+pub mod instance;
 pub mod lookup;
 pub mod metrics;
 pub mod money;
@@ -59,5 +61,6 @@ pub mod pg_cluster;
 pub mod schedule;
 pub mod scheduler;
 pub mod signals;
+pub mod status;
 pub mod stdout;
 pub mod toml_diagnostic;

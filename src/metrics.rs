@@ -177,8 +177,8 @@ impl Metrics {
                 &r,
                 "tombstoned_cleanup_runs_total",
                 "Cleanup runs by outcome: success, failed, skipped_lease (another instance held \
-                 the lease), skipped_read_only (the server refuses writes), partial (stopped by max_run_time, --max-batches or shutdown with \
-                 rows still due).",
+                 the lease), skipped_read_only (the server refuses writes), partial (stopped by \
+                 max_run_time, --max-batches, shutdown or a lost lease with rows still due).",
                 &["outcome"],
             )?,
             cleanup_rows_tombstoned: counter(

@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::cleanup::{self, Lease, RunLimits, RunOutcome, RunReport};
+use crate::cleanup::{self, LeasedRun, RunLimits, RunOutcome, RunReport};
 use crate::config::{Config, DatabaseConfig};
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
@@ -394,29 +394,8 @@ async fn fire(
             return done(RunOutcome::Failed, None, Some(error), !e.is_unavailable());
         }
     }
-    let lease = match Lease::try_acquire(db).await {
-        Ok(Some(lease)) => lease,
-        Ok(None) => {
-            metrics
-                .cleanup_runs
-                .with_label_values(&[RunOutcome::SkippedLease.label()])
-                .inc();
-            tracing::info!("another instance holds the cleanup lease; run skipped");
-            return done(RunOutcome::SkippedLease, None, None, true);
-        }
-        Err(e) => {
-            metrics
-                .cleanup_runs
-                .with_label_values(&[RunOutcome::Failed.label()])
-                .inc();
-            metrics.db_error(e.sqlstate_class());
-            let error = e.summary();
-            tracing::warn!(error = %error, "cleanup run failed; next try at the next fire time");
-            return done(RunOutcome::Failed, None, Some(error), !e.is_unavailable());
-        }
-    };
-    metrics.cleanup_lease_held.set(1);
-    let result = cleanup::run_once(
+    // Counts skips and failures, sets tombstoned_cleanup_lease_held, records the run.
+    let result = cleanup::run_leased(
         db,
         &config.cleanup,
         &config.retention,
@@ -425,13 +404,9 @@ async fn fire(
         Some(metrics),
     )
     .await;
-    if let Err(e) = lease.release().await {
-        // The session closes when the lease is dropped, which releases the lock anyway.
-        tracing::debug!(error = %e.summary(), "cleanup lease release failed");
-    }
-    metrics.cleanup_lease_held.set(0);
     match result {
-        Ok(report) => done(report.outcome, Some(report), None, true),
+        Ok(LeasedRun::Skipped(_)) => done(RunOutcome::SkippedLease, None, None, true),
+        Ok(LeasedRun::Ran(report)) => done(report.outcome, Some(report), None, true),
         Err(e) => {
             // run_once counted it; reporting it is ours.
             let error = e.summary();

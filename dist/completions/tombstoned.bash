@@ -37,6 +37,9 @@ _tombstoned() {
             tombstoned,serve)
                 cmd="tombstoned__subcmd__serve"
                 ;;
+            tombstoned,status)
+                cmd="tombstoned__subcmd__status"
+                ;;
             tombstoned__subcmd__help,check-config)
                 cmd="tombstoned__subcmd__help__subcmd__check__subcmd__config"
                 ;;
@@ -57,6 +60,9 @@ _tombstoned() {
                 ;;
             tombstoned__subcmd__help,serve)
                 cmd="tombstoned__subcmd__help__subcmd__serve"
+                ;;
+            tombstoned__subcmd__help,status)
+                cmd="tombstoned__subcmd__help__subcmd__status"
                 ;;
             tombstoned__subcmd__help__subcmd__outbox,deliver)
                 cmd="tombstoned__subcmd__help__subcmd__outbox__subcmd__deliver"
@@ -98,7 +104,7 @@ _tombstoned() {
 
     case "${cmd}" in
         tombstoned)
-            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config demo outbox help"
+            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config status demo outbox help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -194,7 +200,7 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__help)
-            opts="serve cleanup migrate check-config demo outbox help"
+            opts="serve cleanup migrate check-config status demo outbox help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -334,6 +340,20 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__help__subcmd__serve)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__status)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -546,6 +566,32 @@ _tombstoned() {
                 return 0
             fi
             case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__status)
+            opts="-h --json --max-age --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --max-age)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -33,6 +33,7 @@ complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "serve" -d 'Ru
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "status" -d 'Show the cleanup lease, the last runs, the backlog and replication lag; a monitoring check'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "outbox" -d 'Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
@@ -58,6 +59,12 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l c
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l max-age -d 'Exit 2 when the last successful cleanup run finished longer ago than this (or none is recorded), e.g. "2h"' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l json -d 'Print the status as JSON'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
@@ -95,13 +102,14 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "list" -d 'List undelivered events (pending and dead letters), oldest first'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "requeue" -d 'Put dead letters back into delivery (due now, attempts counted from zero)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "serve" -d 'Run the daemon: cleanup scheduler, HTTP API and metrics'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "outbox" -d 'Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config demo outbox help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox help" -f -a "serve" -d 'Run the daemon: cleanup scheduler, HTTP API and metrics'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox help" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox help" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox help" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox help" -f -a "status" -d 'Show the cleanup lease, the last runs, the backlog and replication lag; a monitoring check'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox help" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox help" -f -a "outbox" -d 'Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "deliver" -d 'Deliver the events due now (each at most once), then exit. Works whether or not outbox.enabled is set; needs outbox.endpoint and outbox.secret_file'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "list" -d 'List undelivered events (pending and dead letters), oldest first'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "requeue" -d 'Put dead letters back into delivery (due now, attempts counted from zero)'

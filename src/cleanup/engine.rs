@@ -2,7 +2,8 @@
 //! the phase's index batch by batch, each batch one short pipelined transaction, isolates rows
 //! held past `cleanup.lock_timeout` with `SKIP LOCKED`, retries deadlocks, and feeds the metrics.
 //! The statements and their locking argument are in [`super::sql`]; where a pass stands in its
-//! index is [`super::keyset`].
+//! index is [`super::keyset`]. A leased run's batches renew the lease first, in the same
+//! transaction ([`super::lease`]): a batch that finds the lease lost rolls back and ends the run.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -11,12 +12,14 @@ use chrono::Utc;
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
+use super::history::ProgressCell;
 use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
+use super::lease::Lease;
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::run::RunLimits;
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, OnLocked};
-use crate::db::pipeline::Pipelined;
+use crate::db::pipeline::{Guard, Pipelined};
 use crate::db::statement::Ready;
 use crate::db::{self, Conn, DbError, ErrorClass, Param};
 use crate::metrics::Metrics;
@@ -77,10 +80,18 @@ pub(super) struct PhaseResult {
     pub(super) left: Revisit,
 }
 
-/// A batch that ran to its end, or one rolled back by `lock_timeout`.
+/// A batch that ran to its end, or one rolled back by `lock_timeout`, or one rolled back because
+/// its run no longer holds the lease.
 enum BatchResult {
     Done(BatchRows),
     LockTimeout,
+    LeaseLost,
+}
+
+/// The lease a leased run renews in every batch, and its prepared renewal.
+pub(super) struct Renewal<'a> {
+    pub(super) lease: &'a Lease,
+    pub(super) statement: Ready,
 }
 
 /// The parameter types of [`sql::BATCH_SETTINGS`]: lock_timeout, statement_timeout.
@@ -109,6 +120,9 @@ pub(super) struct Engine<'a> {
     lock_timeout: String,
     statement_timeout: String,
     committed_batches: u64,
+    renewal: Option<Renewal<'a>>,
+    /// What committed so far, readable by the caller after a failure.
+    progress: &'a ProgressCell,
     /// Every batch transaction's duration, committed or not.
     pub(super) batch_durations: Vec<Duration>,
     /// Batches retried after a deadlock or serialization failure.
@@ -119,6 +133,7 @@ impl<'a> Engine<'a> {
     /// An engine on `conn`, with BEGIN, the batch settings and COMMIT prepared once (named
     /// statements; through a transaction pooler unnamed ones, sent whole each batch): every batch
     /// is then one pipelined round trip.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn new(
         conn: Conn<'a>,
         cleanup: &'a CleanupConfig,
@@ -126,6 +141,8 @@ impl<'a> Engine<'a> {
         shutdown: &'a CancellationToken,
         meter: Meter<'a>,
         started: Instant,
+        renewal: Option<Renewal<'a>>,
+        progress: &'a ProgressCell,
     ) -> Result<Engine<'a>, CleanupError> {
         let prepare = |text: &'static str, types: &'static [Type]| {
             super::bounded(
@@ -147,6 +164,8 @@ impl<'a> Engine<'a> {
             lock_timeout: db::sql::duration_setting(cleanup.lock_timeout),
             statement_timeout: db::sql::duration_setting(cleanup.statement_timeout),
             committed_batches: 0,
+            renewal,
+            progress,
             batch_durations: Vec::new(),
             retries: 0,
         })
@@ -193,32 +212,33 @@ impl<'a> Engine<'a> {
             let mut pass = Pass::new(range);
             loop {
                 if let Some(reason) = self.limit_reached() {
-                    result.left.add(pass.remaining());
-                    for (range, _) in work.drain(..) {
-                        result.left.add(range);
-                    }
-                    for range in deferred.take() {
-                        result.left.add(range);
-                    }
-                    result.stopped = Some(reason);
+                    stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
                     return Ok(result);
                 }
                 let statement = if waits { &wait } else { &skip };
-                let rows = match self.batch(phase, statement, bound, &pass).await? {
-                    BatchResult::Done(rows) => rows,
+                let first = self.batch(phase, statement, bound, &pass).await?;
+                let outcome = match first {
                     BatchResult::LockTimeout => {
                         result.lock_timeouts += 1;
                         // Isolate the held rows: the same batch without waiting for them.
-                        match self.batch(phase, &skip, bound, &pass).await? {
-                            BatchResult::Done(rows) => rows,
-                            // Only a table-level lock can time out a SKIP LOCKED batch (DDL in
-                            // progress): leave the rest of this pass for later.
-                            BatchResult::LockTimeout => {
-                                result.lock_timeouts += 1;
-                                result.left.add(pass.remaining());
-                                break;
-                            }
-                        }
+                        self.batch(phase, &skip, bound, &pass).await?
+                    }
+                    other => other,
+                };
+                let rows = match outcome {
+                    BatchResult::LeaseLost => {
+                        let reason = StopReason::LeaseLost;
+                        stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
+                        return Ok(result);
+                    }
+                    BatchResult::Done(rows) => rows,
+                    // The SKIP LOCKED batch timed out too (a first batch that did not time out
+                    // came through as it was): only a table-level lock can do that (DDL in
+                    // progress), so leave the rest of this pass for later.
+                    BatchResult::LockTimeout => {
+                        result.lock_timeouts += 1;
+                        result.left.add(pass.remaining());
+                        break;
                     }
                 };
                 result.changed += rows.changed;
@@ -247,6 +267,19 @@ impl<'a> Engine<'a> {
             }
         }
         Ok(result)
+    }
+
+    fn record_progress(&self, phase: Phase, rows: &BatchRows) {
+        self.progress.update(|p| {
+            match phase {
+                Phase::Tombstone => p.rows_tombstoned += rows.changed,
+                Phase::Purge => p.tombstones_purged += rows.changed,
+                Phase::OutboxRetention => p.outbox_events_deleted += rows.changed,
+            }
+            if rows.picked > 0 {
+                p.batches += 1;
+            }
+        });
     }
 
     fn limit_reached(&self) -> Option<StopReason> {
@@ -296,6 +329,7 @@ impl<'a> Engine<'a> {
             match result {
                 Ok(rows) => {
                     self.committed_batches += 1;
+                    self.record_progress(phase, &rows);
                     self.meter.batch("committed", took);
                     match phase {
                         Phase::Tombstone => self.meter.tombstoned(rows.changed),
@@ -317,12 +351,22 @@ impl<'a> Engine<'a> {
                         self.meter.db_error(e.sqlstate_class());
                         self.meter.batch("lock_timeout", took);
                         self.meter.lock_timeout();
+                        self.progress.update(|p| p.lock_timeouts += 1);
                         tracing::info!(
                             ?phase,
                             lock_timeout = %self.lock_timeout,
                             "batch rolled back: a row stayed locked past lock_timeout"
                         );
                         return Ok(BatchResult::LockTimeout);
+                    }
+                    ErrorClass::LeaseLost => {
+                        self.meter.batch("failed", took);
+                        tracing::warn!(
+                            ?phase,
+                            "batch rolled back: another run holds the cleanup lease now (this \
+                             run's had expired); stopping"
+                        );
+                        return Ok(BatchResult::LeaseLost);
                     }
                     ErrorClass::Deadlock | ErrorClass::SerializationFailure
                         if attempt < MAX_BATCH_ATTEMPTS =>
@@ -367,19 +411,34 @@ impl<'a> Engine<'a> {
         let to = pass.to();
         let settings: [&dyn Param; 2] = [&self.lock_timeout, &self.statement_timeout];
         let params: [&dyn Param; 4] = [&bound, &from, &to, &limit];
+        let pipelined = Pipelined {
+            begin: &self.begin,
+            settings: &self.batch_settings,
+            statement,
+            commit: &self.commit,
+        };
+        let client = self.conn.client();
         // Every statement of the batch is bounded by statement_timeout on the server; the client
         // waits a little beyond that, then gives up on a silent database: the run fails and its
         // session is dropped (the server rolls the batch back if it ever hears of it).
         let row = db::deadline::within(
             db::deadline::beyond(self.cleanup.statement_timeout),
             "a cleanup batch",
-            Pipelined {
-                begin: &self.begin,
-                settings: &self.batch_settings,
-                statement,
-                commit: &self.commit,
-            }
-            .query_one(self.conn.client(), &settings, &params),
+            async {
+                match &self.renewal {
+                    Some(renewal) => {
+                        let renewal_params = renewal.lease.renewal_params();
+                        let guard = Guard {
+                            statement: &renewal.statement,
+                            params: &renewal_params,
+                        };
+                        pipelined
+                            .query_one_guarded(client, &settings, guard, &params)
+                            .await
+                    }
+                    None => pipelined.query_one(client, &settings, &params).await,
+                }
+            },
         )
         .await?
         .map_err(|failure| DbError::Query(failure.error))?;
@@ -394,6 +453,24 @@ impl<'a> Engine<'a> {
             passed_over: u64::try_from(passed_over).unwrap_or(0),
         })
     }
+}
+
+/// Ends a phase early: what it had not reached yet is left for the next run.
+fn stop_phase(
+    result: &mut PhaseResult,
+    reason: StopReason,
+    pass: &Pass,
+    work: &mut VecDeque<(KeyRange, PassKind)>,
+    deferred: &mut Revisit,
+) {
+    result.left.add(pass.remaining());
+    for (range, _) in work.drain(..) {
+        result.left.add(range);
+    }
+    for range in deferred.take() {
+        result.left.add(range);
+    }
+    result.stopped = Some(reason);
 }
 
 /// Feeds the metrics when the caller passed them.
@@ -453,6 +530,20 @@ impl Meter<'_> {
             // backlog gauges show what it left.
             m.cleanup_last_success_timestamp_seconds
                 .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+        }
+    }
+
+    pub(super) fn skipped_for_lease(&self) {
+        if let Some(m) = self.0 {
+            m.cleanup_runs
+                .with_label_values(&[RunOutcome::SkippedLease.label()])
+                .inc();
+        }
+    }
+
+    pub(super) fn lease_held(&self, held: bool) {
+        if let Some(m) = self.0 {
+            m.cleanup_lease_held.set(i64::from(held));
         }
     }
 

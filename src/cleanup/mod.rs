@@ -20,12 +20,14 @@
 //!
 //! Files, one concept each: `run` (one run, [`run_once`]), `engine` (the batch engine both phases
 //! share), `report` ([`RunReport`], [`StopReason`], [`RunOutcome`]), `keyset` (where a pass
-//! stands in its index), `dry_run`, `lease` ([`Lease`]) and [`sql`] (every statement). Nothing
+//! stands in its index), `dry_run`, `lease` ([`Lease`], the single-runner lease row), `history`
+//! ([`RecordedRun`], the `cleanup_runs` table) and [`sql`] (every statement). Nothing
 //! here prints: the CLI renders reports, the scheduler and the CLI report failures. When runs
 //! happen is [`crate::scheduler`]'s business.
 
 mod dry_run;
 mod engine;
+mod history;
 mod keyset;
 mod lease;
 mod report;
@@ -35,9 +37,10 @@ pub mod sql;
 pub use dry_run::{
     dry_run, dry_run_with_purge, DryRunReport, DueCount, OutboxPreview, PurgePreview,
 };
-pub use lease::{lease_key, Lease};
+pub use history::RecordedRun;
+pub use lease::{lease_ttl, Lease, LeaseState, LEASE_NAME};
 pub use report::{RunOutcome, RunReport, StopReason};
-pub use run::{run_once, server_refuses_writes, RunLimits, STOP_GRACE};
+pub use run::{run_leased, run_once, server_refuses_writes, LeasedRun, RunLimits, STOP_GRACE};
 
 use std::future::Future;
 use std::time::Duration;

@@ -18,6 +18,9 @@ pub enum StopReason {
     MaxBatches,
     /// Shutdown was requested; the batch in flight committed or rolled back first.
     Shutdown,
+    /// Another run took the single-runner lease (this one's had expired): the batch that found
+    /// out rolled back, and no other started.
+    LeaseLost,
 }
 
 impl StopReason {
@@ -28,6 +31,7 @@ impl StopReason {
             StopReason::MaxRunTime => "max_run_time",
             StopReason::MaxBatches => "max_batches",
             StopReason::Shutdown => "shutdown",
+            StopReason::LeaseLost => "lease_lost",
         }
     }
 }
@@ -38,7 +42,7 @@ impl StopReason {
 pub enum RunOutcome {
     /// The run did everything it could (rows another session held are counted, not failed).
     Success,
-    /// The run stopped early (time, batch limit or shutdown) with rows still due.
+    /// The run stopped early (time, batch limit, shutdown or a lost lease) with rows still due.
     Partial,
     /// The run failed (database unreachable, connection lost, statement error).
     Failed,

@@ -1,18 +1,21 @@
 //! One cleanup run ([`run_once`]): the cutoff, the tombstoning phase, the optional retention
 //! purge, the optional retention of delivered outbox events, the backlog left, and the
-//! [`RunReport`] it returns. The batches themselves are the [`super::engine`]'s.
+//! [`RunReport`] it returns. The batches themselves are the [`super::engine`]'s. [`run_leased`]
+//! is the same run under the single-runner lease, recorded in the run history.
 
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Engine, Meter, Phase, PhaseResult};
+use super::engine::{Engine, Meter, Phase, PhaseResult, Renewal};
+use super::history::{finish_run, ProgressCell, RunRecord};
 use super::keyset::{Key, KeyRange};
+use super::lease::{Lease, LeaseState};
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
-use crate::db::{self, pipeline, Conn, Param};
+use crate::db::{self, pipeline, Conn, ErrorClass, Param};
 use crate::metrics::Metrics;
 
 /// How long a stopped run (SIGTERM, `serve` shutting down) waits for its batch in flight to
@@ -81,17 +84,164 @@ pub async fn run_once(
 ) -> Result<RunReport, CleanupError> {
     let meter = Meter(metrics);
     let started = Instant::now();
-    // A stop lets the batch in flight commit or roll back, but only for STOP_GRACE: on a
-    // silent database it would otherwise wait its whole deadline, past a service manager's
-    // stop timeout. Dropping the run closes its session, and the server rolls the batch back.
-    let result = tokio::select! {
-        result = run_inner(db, cleanup, retention, limits, shutdown, meter, started) => result,
+    let progress = ProgressCell::default();
+    let result = with_stop_grace(shutdown, async {
+        let session = db::connect(db, "cleanup")
+            .await
+            .map_err(CleanupError::Connect)?;
+        let run = Run {
+            conn: session.conn(),
+            cleanup,
+            retention,
+            limits,
+            shutdown,
+            meter,
+            started,
+            progress: &progress,
+        };
+        run.run(None).await
+    })
+    .await;
+    report_result(meter, &result, started);
+    result
+}
+
+/// What [`run_leased`] did.
+#[derive(Debug)]
+pub enum LeasedRun {
+    /// Another instance holds the lease (as it stood when the take failed, if readable):
+    /// nothing was done.
+    Skipped(Option<LeaseState>),
+    /// The run, holding the lease. It is recorded in the history and the lease released.
+    Ran(RunReport),
+}
+
+/// [`run_once`] under the single-runner lease: takes the lease on the run's session (or
+/// returns [`LeasedRun::Skipped`] when another run holds it), renews it in every batch (a batch
+/// that finds it lost rolls back and the run stops, `stopped_by = lease_lost`), then records the
+/// run in `cleanup_runs` and releases the lease in one statement — a failed run too, when the
+/// database can be reached (otherwise that is logged and the lease expires on its own).
+///
+/// With `metrics`, a skip counts as `skipped_lease` and `tombstoned_cleanup_lease_held` is 1
+/// while this run holds the lease; errors are counted and returned like [`run_once`]'s.
+#[tracing::instrument(name = "cleanup_run", skip_all, fields(schema = %db.schema))]
+pub async fn run_leased(
+    db: &DatabaseConfig,
+    cleanup: &CleanupConfig,
+    retention: &RetentionConfig,
+    limits: RunLimits,
+    shutdown: &CancellationToken,
+    metrics: Option<&Metrics>,
+) -> Result<LeasedRun, CleanupError> {
+    let meter = Meter(metrics);
+    let started = Instant::now();
+    let session = match db::connect(db, "cleanup").await {
+        Ok(session) => session,
+        Err(e) => {
+            let e = CleanupError::Connect(e);
+            meter.run_failed(&e, started.elapsed());
+            return Err(e);
+        }
+    };
+    let holder = crate::instance::instance_id();
+    let conn = session.conn();
+    let lease = match Lease::try_acquire(&conn, cleanup, &holder).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => {
+            meter.skipped_for_lease();
+            let state = LeaseState::read(&conn)
+                .await
+                .ok()
+                .flatten();
+            tracing::info!(
+                holder = state.as_ref().map(|s| s.holder.as_str()),
+                "another instance holds the cleanup lease; run skipped"
+            );
+            return Ok(LeasedRun::Skipped(state));
+        }
+        Err(e) => {
+            meter.run_failed(&e, started.elapsed());
+            return Err(e);
+        }
+    };
+    meter.lease_held(true);
+    tracing::debug!(%holder, expires_at = %lease.expires_at(), "cleanup lease taken");
+    let progress = ProgressCell::default();
+    let result = with_stop_grace(shutdown, async {
+        let statement = lease.prepare_renewal(&conn, cleanup).await?;
+        let run = Run {
+            conn,
+            cleanup,
+            retention,
+            limits,
+            shutdown,
+            meter,
+            started,
+            progress: &progress,
+        };
+        run.run(Some(Renewal {
+            lease: &lease,
+            statement,
+        }))
+        .await
+    })
+    .await;
+    let record = match &result {
+        Ok(report) => RunRecord::finished(report),
+        Err(e) => RunRecord::failed(e, progress.get()),
+    };
+    // Recorded on the run's session; after a lost connection, on a new one (bounded by
+    // connect_timeout): a run that failed is recorded whenever the database can be reached.
+    // A run abandoned at shutdown left its session busy with the batch in flight: not that one.
+    let mut recorded = None;
+    if !session.is_closed() && !shutdown.is_cancelled() {
+        recorded = Some(finish_run(&conn, cleanup, &lease, &record).await);
+    }
+    let connection_lost = match &recorded {
+        None => true,
+        Some(Err(e)) => e.class() == ErrorClass::Unavailable,
+        Some(Ok(_)) => false,
+    };
+    if connection_lost {
+        recorded = Some(match db::connect(db, "cleanup").await {
+            Ok(fresh) => finish_run(&fresh.conn(), cleanup, &lease, &record).await,
+            Err(e) => Err(e),
+        });
+    }
+    let recorded = recorded.unwrap_or(Ok(false));
+    meter.lease_held(false);
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => tracing::info!("run recorded; the cleanup lease had passed to another run"),
+        Err(e) => tracing::warn!(
+            error = %db::error_text(&e),
+            "cleanup run not recorded in cleanup_runs; its lease expires on its own"
+        ),
+    }
+    report_result(meter, &result, started);
+    result.map(LeasedRun::Ran)
+}
+
+/// `run`, abandoned [`STOP_GRACE`] after `shutdown` if it has not ended by then: a stop lets
+/// the batch in flight commit or roll back, but on a silent database it would otherwise wait its
+/// whole deadline, past a service manager's stop timeout. Dropping the run's session makes the
+/// server roll the batch back.
+async fn with_stop_grace<T>(
+    shutdown: &CancellationToken,
+    run: impl std::future::Future<Output = Result<T, CleanupError>>,
+) -> Result<T, CleanupError> {
+    tokio::select! {
+        result = run => result,
         () = async {
             shutdown.cancelled().await;
             tokio::time::sleep(STOP_GRACE).await;
         } => Err(CleanupError::abandoned()),
-    };
-    match &result {
+    }
+}
+
+/// Counts and logs a run's end (a failure is counted only: reporting it is the caller's).
+fn report_result(meter: Meter<'_>, result: &Result<RunReport, CleanupError>, started: Instant) {
+    match result {
         Ok(report) => {
             meter.run_finished(report);
             tracing::info!(
@@ -115,97 +265,112 @@ pub async fn run_once(
         // status, `tombstoned cleanup` on its error line).
         Err(e) => meter.run_failed(e, started.elapsed()),
     }
-    result
 }
 
-async fn run_inner(
-    db: &DatabaseConfig,
-    cleanup: &CleanupConfig,
-    retention: &RetentionConfig,
+/// One run's session, settings and running figures.
+struct Run<'a> {
+    conn: Conn<'a>,
+    cleanup: &'a CleanupConfig,
+    retention: &'a RetentionConfig,
     limits: RunLimits,
-    shutdown: &CancellationToken,
-    meter: Meter<'_>,
+    shutdown: &'a CancellationToken,
+    meter: Meter<'a>,
     started: Instant,
-) -> Result<RunReport, CleanupError> {
-    let session = db::connect(db, "cleanup")
-        .await
-        .map_err(CleanupError::Connect)?;
-    let conn = session.conn();
-    // Each statement outside the batches is its own transaction with the server-side bound set
-    // transaction-local (nothing stays set on a session a pooler hands on); the client waits a
-    // little beyond it ([`super::bounded`]).
-    let bound = cleanup.statement_timeout;
-    let statement_timeout = db::sql::duration_setting(bound);
-    let cutoff: DateTime<Utc> = super::bounded(bound, "reading the cutoff", async {
-        in_own_transaction(&conn, &statement_timeout, sql::CUTOFF, &[])
-            .await?
-            .try_get(0)
-    })
-    .await?;
+    progress: &'a ProgressCell,
+}
 
-    let mut engine = Engine::new(conn, cleanup, limits, shutdown, meter, started).await?;
+impl Run<'_> {
+    async fn run(self, renewal: Option<Renewal<'_>>) -> Result<RunReport, CleanupError> {
+        let Run {
+            conn,
+            cleanup,
+            retention,
+            limits,
+            shutdown,
+            meter,
+            started,
+            progress,
+        } = self;
+        // Each statement outside the batches is its own transaction with the server-side bound
+        // set transaction-local (nothing stays set on a session a pooler hands on); the client
+        // waits a little beyond it ([`super::bounded`]).
+        let bound = cleanup.statement_timeout;
+        let statement_timeout = db::sql::duration_setting(bound);
+        let cutoff: DateTime<Utc> = super::bounded(bound, "reading the cutoff", async {
+            in_own_transaction(&conn, &statement_timeout, sql::CUTOFF, &[])
+                .await?
+                .try_get(0)
+        })
+        .await?;
 
-    let tombstoning = engine.phase(Phase::Tombstone, cutoff).await?;
-    let mut stopped = tombstoning.stopped;
-    let mut purge_bound = None;
-    let mut purging = PhaseResult::default();
-    if let (None, Some(after)) = (stopped, retention.purge_tombstones_after) {
-        if let Some(before) = purge_before(cutoff, after) {
-            purge_bound = Some(before);
-            purging = engine.phase(Phase::Purge, before).await?;
-            stopped = purging.stopped;
+        let mut engine = Engine::new(
+            conn, cleanup, limits, shutdown, meter, started, renewal, progress,
+        )
+        .await?;
+
+        let tombstoning = engine.phase(Phase::Tombstone, cutoff).await?;
+        let mut stopped = tombstoning.stopped;
+        let mut purge_bound = None;
+        let mut purging = PhaseResult::default();
+        if let (None, Some(after)) = (stopped, retention.purge_tombstones_after) {
+            if let Some(before) = purge_before(cutoff, after) {
+                purge_bound = Some(before);
+                purging = engine.phase(Phase::Purge, before).await?;
+                stopped = purging.stopped;
+            }
         }
-    }
-    let mut outbox_bound = None;
-    let mut outbox = PhaseResult::default();
-    if let (None, Some(keep)) = (stopped, retention.outbox_keep_delivered) {
-        if let Some(before) = purge_before(cutoff, keep) {
-            outbox_bound = Some(before);
-            outbox = engine.phase(Phase::OutboxRetention, before).await?;
-            stopped = outbox.stopped;
+        let mut outbox_bound = None;
+        let mut outbox = PhaseResult::default();
+        if let (None, Some(keep)) = (stopped, retention.outbox_keep_delivered) {
+            if let Some(before) = purge_before(cutoff, keep) {
+                outbox_bound = Some(before);
+                outbox = engine.phase(Phase::OutboxRetention, before).await?;
+                stopped = outbox.stopped;
+            }
         }
-    }
 
-    let (backlog_rows, oldest_due_deadline) =
-        backlog(&conn, &statement_timeout, cutoff, tombstoning.left.ranges(), bound).await?;
-    let duration = started.elapsed();
-    let stopped_by = stopped.unwrap_or(StopReason::Finished);
-    let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
-        RunOutcome::Partial
-    } else {
-        RunOutcome::Success
-    };
-    let oldest_due_age = oldest_due_deadline.and_then(|deadline| {
-        let now = cutoff + TimeDelta::from_std(duration).unwrap_or_default();
-        (now - deadline).to_std().ok()
-    });
-    let mut durations = std::mem::take(&mut engine.batch_durations);
-    durations.sort_unstable();
-    let slowest_batch = durations.last().copied().unwrap_or_default();
-    let batch_p99 = percentile(&durations, 0.99);
-    Ok(RunReport {
-        cutoff,
-        rows_tombstoned: tombstoning.changed,
-        batches: tombstoning.batches,
-        lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts + outbox.lock_timeouts,
-        rows_skipped: tombstoning.rows_skipped,
-        retries: engine.retries,
-        tombstones_purged: purging.changed,
-        purge_batches: purging.batches,
-        purge_before: purge_bound,
-        outbox_events_deleted: outbox.changed,
-        outbox_batches: outbox.batches,
-        outbox_delete_before: outbox_bound,
-        duration,
-        rows_per_second: per_second(tombstoning.changed, duration),
-        backlog_rows,
-        oldest_due_deadline,
-        oldest_due_age,
-        slowest_batch,
-        batch_p99,
-        stopped_by,
-        outcome,
-    })
+        let (backlog_rows, oldest_due_deadline) =
+            backlog(&conn, &statement_timeout, cutoff, tombstoning.left.ranges(), bound)
+                .await?;
+        let duration = started.elapsed();
+        let stopped_by = stopped.unwrap_or(StopReason::Finished);
+        let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
+            RunOutcome::Partial
+        } else {
+            RunOutcome::Success
+        };
+        let oldest_due_age = oldest_due_deadline.and_then(|deadline| {
+            let now = cutoff + TimeDelta::from_std(duration).unwrap_or_default();
+            (now - deadline).to_std().ok()
+        });
+        let mut durations = std::mem::take(&mut engine.batch_durations);
+        durations.sort_unstable();
+        let slowest_batch = durations.last().copied().unwrap_or_default();
+        let batch_p99 = percentile(&durations, 0.99);
+        Ok(RunReport {
+            cutoff,
+            rows_tombstoned: tombstoning.changed,
+            batches: tombstoning.batches,
+            lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts + outbox.lock_timeouts,
+            rows_skipped: tombstoning.rows_skipped,
+            retries: engine.retries,
+            tombstones_purged: purging.changed,
+            purge_batches: purging.batches,
+            purge_before: purge_bound,
+            outbox_events_deleted: outbox.changed,
+            outbox_batches: outbox.batches,
+            outbox_delete_before: outbox_bound,
+            duration,
+            rows_per_second: per_second(tombstoning.changed, duration),
+            backlog_rows,
+            oldest_due_deadline,
+            oldest_due_age,
+            slowest_batch,
+            batch_p99,
+            stopped_by,
+            outcome,
+        })
+    }
 }
 
 /// The instant tombstones must have expired at or before to be purged (or outbox events been

@@ -4,7 +4,7 @@
 //! Every statement names the schema (`{schema}.idempotency_records`, rendered by
 //! [`crate::db::sql::qualify`]); no session has a `search_path` set. Every value is a parameter,
 //! every setting transaction-local. The statements it shares with other parts (each batch's
-//! `BEGIN` and `COMMIT`, a transaction's `statement_timeout`, the lease's advisory lock) are in
+//! `BEGIN` and `COMMIT`, a transaction's `statement_timeout`) are in
 //! [`crate::db::sql`].
 //!
 //! # The batch statements
@@ -301,3 +301,131 @@ pub const DRY_RUN_OUTBOX_DELIVERED: &str =
 pub const DRY_RUN_OUTBOX_DELETABLE: &str = "\
 SELECT count(*) FROM {schema}.outbox_events
 WHERE published_at IS NOT NULL AND published_at <= $1::timestamptz";
+
+// ---- the single-runner lease (migration V3, src/cleanup/lease.rs) ----------------------------
+//
+// These name the schema (`{schema}.cleanup_lease`): send them through `db::sql::qualify`. Every
+// instant is the database clock; a lease's length `$3` travels as whole milliseconds.
+
+/// The settings of the lease's own short transactions (take, release and record): `$1`
+/// lock_timeout, `$2` statement_timeout, transaction-local.
+pub const LEASE_SETTINGS: &str = "\
+SELECT set_config('lock_timeout', $1, true),
+       set_config('statement_timeout', $2, true)";
+
+/// Takes the lease `$1` for holder `$2` until now + `$3` ms, in one statement: inserted when it
+/// never existed, taken over when it has expired, and kept when `$2` already holds it (a retried
+/// take). One row (`acquired_at`, `expires_at`) when this holder has it now, none when another
+/// holder's lease is still running.
+///
+/// A lease another holder holds (by its last committed renewal) proposes no row at all, so the
+/// statement returns at once without touching the row lock, which a running batch holds while
+/// it renews. Otherwise `ON CONFLICT DO UPDATE` locks the row first, so two takers at once are
+/// serialised by the row lock and the second re-checks the first's expiry on the row's newest
+/// version: exactly one wins.
+pub const ACQUIRE_LEASE: &str = "\
+INSERT INTO {schema}.cleanup_lease AS l
+    (name, holder, holder_pid, holder_application_name, acquired_at, renewed_at, expires_at)
+SELECT $1, $2, pg_backend_pid(), current_setting('application_name'), now(), now(),
+       now() + $3::bigint * interval '1 millisecond'
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.cleanup_lease
+                  WHERE name = $1 AND holder <> $2 AND expires_at > now())
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder,
+    holder_pid = excluded.holder_pid,
+    holder_application_name = excluded.holder_application_name,
+    acquired_at = CASE WHEN l.holder = excluded.holder THEN l.acquired_at
+                       ELSE excluded.acquired_at END,
+    renewed_at = excluded.renewed_at,
+    expires_at = excluded.expires_at
+WHERE l.expires_at <= now() OR l.holder = excluded.holder
+RETURNING acquired_at, expires_at";
+
+/// Renews the lease `$1` of holder `$2` until now + `$3` ms, or fails with SQLSTATE TS001
+/// (`db::LEASE_LOST`) when `$2` no longer holds it: the first statement after the settings of
+/// every batch transaction, so the batch commits only while its run holds the lease, and the
+/// lease row stays locked by the batch until it commits (a taker waits, then sees it renewed).
+///
+/// By holder alone, expired or not: while the row still names this run, nobody else took the
+/// lease since this run last renewed it, so continuing cannot overlap another run's batches.
+pub const RENEW_LEASE: &str = "\
+WITH renewed AS (
+    UPDATE {schema}.cleanup_lease
+    SET renewed_at = now(),
+        expires_at = now() + $3::bigint * interval '1 millisecond',
+        holder_pid = pg_backend_pid(),
+        holder_application_name = current_setting('application_name')
+    WHERE name = $1 AND holder = $2
+    RETURNING expires_at
+)
+SELECT {schema}.cleanup_lease_required((SELECT expires_at FROM renewed))";
+
+/// Ends a run in one statement: releases the lease `$1` if holder `$2` still has it
+/// (`expires_at = now()`), records the run in `cleanup_runs` and trims the history to its
+/// newest rows. `$3` when the run took the lease (its start: the same database clock, so the
+/// [started, finished] intervals of runs taking turns never overlap), `$4` outcome, `$5` stopped_by, `$6`..
+/// `$11` rows_tombstoned, tombstones_purged, outbox_events_deleted, lock_timeouts, rows_skipped,
+/// batches, `$12` backlog_rows, `$13` error, `$14` how many of the existing rows to keep (the
+/// history length minus one: the new row is not visible to this statement's own DELETE).
+///
+/// Written while the lease is still held, so the runs of instances taking turns never trim
+/// concurrently; two writers at once (a run that lost its lease, recording next to the new
+/// holder) can leave one row over the bound until the next run trims it.
+pub const FINISH_RUN: &str = "\
+WITH released AS (
+    UPDATE {schema}.cleanup_lease
+    SET expires_at = least(expires_at, now())
+    WHERE name = $1 AND holder = $2
+    RETURNING 1
+),
+recorded AS (
+    INSERT INTO {schema}.cleanup_runs
+        (instance, started_at, finished_at, outcome, stopped_by, rows_tombstoned,
+         tombstones_purged, outbox_events_deleted, lock_timeouts, rows_skipped, batches,
+         backlog_rows, error)
+    VALUES ($2, least($3::timestamptz, now()), now(), $4, $5, $6, $7, $8, $9,
+            $10, $11, $12, $13)
+    RETURNING run_id
+),
+trimmed AS (
+    DELETE FROM {schema}.cleanup_runs
+    WHERE run_id <= (SELECT run_id FROM {schema}.cleanup_runs
+                     ORDER BY run_id DESC OFFSET $14 LIMIT 1)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM released) AS released,
+       (SELECT run_id FROM recorded) AS run_id,
+       (SELECT count(*) FROM trimmed) AS trimmed";
+
+/// Releases the lease `$1` if holder `$2` still has it, recording nothing.
+pub const RELEASE_LEASE: &str = "\
+UPDATE {schema}.cleanup_lease SET expires_at = least(expires_at, now())
+WHERE name = $1 AND holder = $2";
+
+/// The lease row `$1` as it stands, with the database clock: who holds or last held it, since
+/// when, until when (`held` = not yet expired).
+pub const LEASE_STATE: &str = "\
+SELECT holder, holder_pid, holder_application_name, acquired_at, renewed_at, expires_at,
+       expires_at > now() AS held, now() AS now
+FROM {schema}.cleanup_lease
+WHERE name = $1";
+
+/// The last `$1` runs of the history, newest first.
+pub const RECENT_RUNS: &str = "\
+SELECT run_id, instance, started_at, finished_at, outcome, stopped_by, rows_tombstoned,
+       tombstones_purged, outbox_events_deleted, lock_timeouts, rows_skipped, batches,
+       backlog_rows, error
+FROM {schema}.cleanup_runs
+ORDER BY run_id DESC
+LIMIT $1";
+
+/// The newest run that made progress without error (`success` or `partial`, as the
+/// `cleanup_last_success_timestamp_seconds` metric counts it).
+pub const LAST_SUCCESSFUL_RUN: &str = "\
+SELECT run_id, instance, started_at, finished_at, outcome, stopped_by, rows_tombstoned,
+       tombstones_purged, outbox_events_deleted, lock_timeouts, rows_skipped, batches,
+       backlog_rows, error
+FROM {schema}.cleanup_runs
+WHERE outcome IN ('success', 'partial')
+ORDER BY run_id DESC
+LIMIT 1";

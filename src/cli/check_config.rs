@@ -54,6 +54,13 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     );
     let _ = writeln!(
         out,
+        "cleanup lease: lasts {} from each renewal (2 x statement_timeout + \
+         pause_between_batches + 30s); history keeps {} runs",
+        humantime::format_duration(crate::cleanup::lease_ttl(c)),
+        c.history_runs,
+    );
+    let _ = writeln!(
+        out,
         "api: {} on {}; metrics on {}",
         if config.api.enabled {
             "enabled"

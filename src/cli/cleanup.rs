@@ -8,7 +8,9 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use super::CleanupArgs;
-use crate::cleanup::{dry_run_with_purge, run_once, DryRunReport, Lease, RunLimits, RunReport};
+use crate::cleanup::{
+    dry_run_with_purge, run_leased, DryRunReport, LeasedRun, RunLimits, RunReport, STOP_GRACE,
+};
 use crate::config::Config;
 use crate::db;
 use crate::exit::Exit;
@@ -59,23 +61,9 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
             "a signal ends the run at once, without letting its batch finish"
         ),
     }
-    // A stop while the lease is being taken ends the command at once (nothing was done yet).
-    let acquired = tokio::select! {
-        acquired = Lease::try_acquire(&config.database) => acquired,
-        () = shutdown.cancelled() => {
-            super::say("stopped by a signal before the run began; nothing was done");
-            return Ok(Exit::Interrupted);
-        }
-    };
-    let Some(lease) = acquired.context("cannot take the cleanup lease")? else {
-        super::say(&format!(
-            "another instance is cleaning schema {} (it holds the cleanup lease); nothing was \
-             done",
-            config.database.schema
-        ));
-        return Ok(Exit::TempFail);
-    };
-    let result = run_once(
+    // The run gives its batch in flight STOP_GRACE after a signal, then records itself; on a
+    // database that answers nothing even that is bounded here, so a stop always ends the command.
+    let run = run_leased(
         &config.database,
         &config.cleanup,
         &config.retention,
@@ -84,18 +72,31 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         },
         &shutdown,
         None,
-    )
-    .await;
-    if let Err(e) = lease.release().await {
-        // Closing the session (dropping the lease) releases it anyway. After a failed run the
-        // run's error line says what happened (one line: a silent database fails both).
-        if result.is_ok() {
-            tracing::warn!(error = %e.summary(), "could not release the cleanup lease");
-        } else {
-            tracing::debug!(error = %e.summary(), "could not release the cleanup lease");
+    );
+    let result = tokio::select! {
+        result = run => result,
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(STOP_GRACE.saturating_mul(2)).await;
+        } => {
+            super::say("stopped by a signal; the run did not end in time and was abandoned (its batch rolls back)");
+            return Ok(Exit::Interrupted);
         }
-    }
-    let report = result.context("cleanup run failed")?;
+    };
+    let report = match result.context("cleanup run failed")? {
+        LeasedRun::Ran(report) => report,
+        LeasedRun::Skipped(state) => {
+            let by = state
+                .map(|s| format!(" by {} until {}", s.holder, timestamp(s.expires_at)))
+                .unwrap_or_default();
+            super::say(&format!(
+                "another instance is cleaning schema {} (it holds the cleanup lease{by}); \
+                 nothing was done",
+                config.database.schema
+            ));
+            return Ok(Exit::TempFail);
+        }
+    };
     if args.json {
         stdout::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
@@ -125,6 +126,7 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         crate::cleanup::StopReason::MaxRunTime => "stopped at cleanup.max_run_time",
         crate::cleanup::StopReason::MaxBatches => "stopped at --max-batches",
         crate::cleanup::StopReason::Shutdown => "stopped by a signal",
+        crate::cleanup::StopReason::LeaseLost => "stopped: another run took the cleanup lease",
     };
     let _ = writeln!(out, "cleanup {stopped} (cutoff {})", timestamp(r.cutoff));
     let _ = writeln!(out, "  rows tombstoned   {}", r.rows_tombstoned);

@@ -263,6 +263,11 @@ fn see_also(roff: &mut Roff, pages: &[String]) {
 const EXIT_STATUSES: &[(&str, &str)] = &[
     ("0", "Success."),
     (
+        "2",
+        "status --max-age: the last successful cleanup run finished longer ago than that, or \
+         none is recorded (like a Nagios CRITICAL).",
+    ),
+    (
         "64",
         "Bad usage or configuration (EX_USAGE): an unknown flag or key, an invalid value, an \
          unusable tokens file, a listener that cannot bind. Restarting cannot fix it.",

@@ -10,6 +10,7 @@ pub mod generate;
 mod migrate;
 mod outbox;
 mod serve;
+mod status;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -60,6 +61,8 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Validate the configuration and print the next 5 cleanup fire times.
     CheckConfig,
+    /// Show the cleanup lease, the last runs, the backlog and replication lag; a monitoring check.
+    Status(StatusArgs),
     /// Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step.
     Demo(DemoArgs),
     /// Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters.
@@ -88,6 +91,22 @@ pub struct CleanupArgs {
     /// Stop after this many batches; the backlog left is reported.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_batches: Option<u64>,
+}
+
+/// `tombstoned status`
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the status as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Exit 2 when the last successful cleanup run finished longer ago than this (or none is
+    /// recorded), e.g. "2h".
+    #[arg(long, value_name = "DURATION", value_parser = parse_max_age)]
+    pub max_age: Option<std::time::Duration>,
+}
+
+fn parse_max_age(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("not a duration ({e}), e.g. \"90m\""))
 }
 
 /// `tombstoned migrate`
@@ -218,6 +237,9 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         {
             return Exit::Usage;
         }
+        if let Some(crate::status::StatusError::SchemaNotCurrent(_)) = cause.downcast_ref() {
+            return Exit::Unavailable;
+        }
         if cause.is::<migrations::SchemaNotCurrent>() {
             return Exit::Unavailable;
         }
@@ -270,6 +292,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Cleanup(args) => runtime()?.block_on(cleanup::run(&config, &args)),
         Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
         Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
+        Command::Status(args) => runtime()?.block_on(status::run(&config, &args)),
         Command::Demo(_) | Command::Generate(_) => unreachable!("handled above"),
     }
 }

@@ -99,9 +99,16 @@ pub enum ErrorClass {
     /// 53400 configuration_limit_exceeded): the server answered and rolled the statement back;
     /// retry later, nothing to fix in the request.
     InsufficientResources,
+    /// [`LEASE_LOST`]: the cleanup lease's renewal found the lease held by another run
+    /// (migration V3's `cleanup_lease_required`); the batch transaction rolled back whole.
+    LeaseLost,
     /// Anything else: a bug or a schema problem, not something to retry blindly.
     Other,
 }
+
+/// The SQLSTATE the cleanup lease's renewal raises when this run no longer holds the lease: class
+/// `TS`, tombstoned's own (PostgreSQL uses no class starting with `T`).
+pub const LEASE_LOST: &str = "TS001";
 
 /// Classifies a driver error by its SQLSTATE.
 pub fn classify(err: &tokio_postgres::Error) -> ErrorClass {
@@ -135,6 +142,8 @@ pub fn classify(err: &tokio_postgres::Error) -> ErrorClass {
         ErrorClass::Unavailable
     } else if code.code().starts_with("53") {
         ErrorClass::InsufficientResources
+    } else if code.code() == LEASE_LOST {
+        ErrorClass::LeaseLost
     } else {
         ErrorClass::Other
     }

@@ -16,6 +16,11 @@
 //! ([`super::statement`]). The caller must be the only one sending on the session while a
 //! pipeline is sent (a pooled connection it holds, or a session driven by one task).
 //!
+//! A cleanup batch adds one statement between the settings and its own: the lease renewal
+//! ([`Guard`]), which fails when the run no longer holds the lease, so the batch behind it is
+//! skipped and the COMMIT ends the transaction as a ROLLBACK: a batch commits only while its run
+//! holds the lease, still in one round trip.
+//!
 //! The statements come ready ([`Ready`]): the caller chooses how (the claim through the pool's
 //! statement cache, [`prepare`]; a cleanup run once per run), so with named statements each
 //! transaction is four Bind/Execute/Sync messages and no Parse.
@@ -39,6 +44,16 @@ pub struct Pipelined<'s> {
     pub statement: &'s Ready,
     /// [`sql::COMMIT`].
     pub commit: &'s Ready,
+}
+
+/// A statement run after the settings and before the main one, whose failure rolls the whole
+/// transaction back (the cleanup lease's renewal, `crate::cleanup::Lease`).
+#[derive(Clone, Copy)]
+pub struct Guard<'s> {
+    /// The statement.
+    pub statement: &'s Ready,
+    /// Its parameters.
+    pub params: &'s [&'s dyn Param],
 }
 
 /// A failed pipelined transaction: the first error in statement order (later statements only
@@ -70,7 +85,7 @@ impl Pipelined<'_> {
         settings: &[&dyn Param],
         params: &[&dyn Param],
     ) -> Result<Vec<Row>, PipelineFailure> {
-        self.run(client, settings, self.statement.query(client, params))
+        self.run(client, settings, None, self.statement.query(client, params))
             .await
     }
 
@@ -82,7 +97,7 @@ impl Pipelined<'_> {
         settings: &[&dyn Param],
         params: &[&dyn Param],
     ) -> Result<Row, PipelineFailure> {
-        self.run(client, settings, self.statement.query_one(client, params))
+        self.run(client, settings, None, self.statement.query_one(client, params))
             .await
     }
 
@@ -93,8 +108,26 @@ impl Pipelined<'_> {
         settings: &[&dyn Param],
         params: &[&dyn Param],
     ) -> Result<u64, PipelineFailure> {
-        self.run(client, settings, self.statement.execute(client, params))
+        self.run(client, settings, None, self.statement.execute(client, params))
             .await
+    }
+
+    /// [`Pipelined::query_one`] with `guard` run between the settings and the statement: when
+    /// the guard fails, that is the error, and nothing of the transaction applied.
+    pub async fn query_one_guarded(
+        self,
+        client: &Client,
+        settings: &[&dyn Param],
+        guard: Guard<'_>,
+        params: &[&dyn Param],
+    ) -> Result<Row, PipelineFailure> {
+        self.run(
+            client,
+            settings,
+            Some(guard),
+            self.statement.query_one(client, params),
+        )
+        .await
     }
 
     /// `statement` is the main statement's request, not yet polled (so not yet sent).
@@ -102,18 +135,28 @@ impl Pipelined<'_> {
         self,
         client: &Client,
         settings: &[&dyn Param],
+        guard: Option<Guard<'_>>,
         statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, PipelineFailure> {
-        let (begin, set, main, commit) = tokio::join!(
+        // Polled (so sent) in its place, right after the settings; nothing without a guard.
+        let guarded = async {
+            match guard {
+                Some(g) => g.statement.execute(client, g.params).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let (begin, set, guarded, main, commit) = tokio::join!(
             biased;
             self.begin.execute(client, &[]),
             self.settings.execute(client, settings),
+            guarded,
             statement,
             self.commit.execute(client, &[]),
         );
         // The first failure in statement order is the cause.
         begin.map_err(PipelineFailure::sent)?;
         set.map_err(PipelineFailure::sent)?;
+        guarded.map_err(PipelineFailure::sent)?;
         let out = main.map_err(PipelineFailure::sent)?;
         commit.map_err(PipelineFailure::sent)?;
         Ok(out)

@@ -38,9 +38,6 @@ pub const SET_LOCAL_STATEMENT_TIMEOUT: &str = "SELECT set_config('statement_time
 /// never through a transaction pooler.
 pub const ADVISORY_LOCK: &str = "SELECT pg_advisory_lock(hashtextextended($1, 0))";
 
-/// Takes the advisory lock on `$1` if free, without waiting: one boolean, whether it was taken.
-pub const ADVISORY_TRY_LOCK: &str = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))";
-
 /// Releases the advisory lock on `$1` (closing the session releases it too).
 pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
 

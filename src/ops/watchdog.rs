@@ -83,10 +83,11 @@ enum LoopSeen {
 }
 
 /// The longest a run may take when nothing is wrong: `max_run_time` is checked between
-/// batches, so on top of it come the connections of the lease and the run, the pause before the
-/// check, and a few statements that may each take `statement_timeout` — the batch in flight
-/// (twice when it times out on a lock and is re-run with SKIP LOCKED), the backlog count and
-/// the lease release.
+/// batches, so on top of it come the run's connection (and a second one to record a run whose
+/// connection was lost), the pause before the check, and a few statements that may each take
+/// `statement_timeout` — the lease take, the batch in flight (twice when it times out on a lock
+/// and is re-run with SKIP LOCKED), the backlog count and the statement that records the run and
+/// releases the lease.
 fn run_bound(config: &Config) -> Duration {
     let c = &config.cleanup;
     c.max_run_time

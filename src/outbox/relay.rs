@@ -112,7 +112,7 @@ impl Relay {
             db: db.clone(),
             config: config.clone(),
             client: WebhookClient::new(config)?,
-            instance: instance_id(),
+            instance: crate::instance::instance_id(),
             purpose,
             metrics,
             timeouts: [
@@ -551,17 +551,6 @@ fn millis(d: Duration) -> String {
     format!("{}ms", d.as_millis().max(1))
 }
 
-/// `<host>:<pid>:<8 random hex digits>`: unique per process start, readable in `locked_by`.
-fn instance_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned());
-    let suffix = Uuid::new_v4().simple().to_string();
-    format!("{host}:{}:{}", std::process::id(), &suffix[..8])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,13 +562,6 @@ mod tests {
         assert_eq!(failure_pause(1, &c), Duration::from_secs(1));
         assert_eq!(failure_pause(3, &c), Duration::from_secs(4));
         assert_eq!(failure_pause(50, &c), MAX_FAILURE_PAUSE);
-    }
-
-    #[test]
-    fn instance_ids_differ_per_relay() {
-        let (a, b) = (instance_id(), instance_id());
-        assert_ne!(a, b);
-        assert!(a.contains(&format!(":{}:", std::process::id())), "{a}");
     }
 
     #[test]

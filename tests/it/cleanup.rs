@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tombstoned::cleanup::{self, sql, Lease, RunLimits, RunOutcome, StopReason};
+use tombstoned::cleanup::{self, sql, RunLimits, RunOutcome, StopReason};
 use tombstoned::db::sql::qualify;
 use tombstoned::metrics::Metrics;
 
@@ -478,7 +478,6 @@ async fn sigkill_mid_run_leaves_no_half_batch_and_the_next_run_completes() {
     // with its socket.
     reader.commit().await;
     wait_until_gone(&observer, "tombstoned/cleanup").await;
-    wait_until_gone(&observer, "tombstoned/cleanup-lease").await;
     let (tombstones, _) = counts(&observer).await;
     assert!(
         tombstones == 50 || tombstones == 60,
@@ -486,6 +485,12 @@ async fn sigkill_mid_run_leaves_no_half_batch_and_the_next_run_completes() {
     );
     assert_eq!(tombstones % 10, 0, "a batch was half applied");
 
+    // The killed run's lease row outlives it until it expires: the next run is refused (75) ...
+    assert!(lease_state(&observer).await.unwrap().held);
+    let status = command(&db).status().await.unwrap();
+    assert_eq!(status.code(), Some(75));
+    // ... and takes it once it has expired.
+    expire_lease(&observer).await;
     let status = command(&db).status().await.unwrap();
     assert!(status.success());
     assert_eq!(counts(&observer).await, (100, 0));
@@ -896,7 +901,8 @@ async fn cli_run_prints_its_report_and_respects_the_lease() {
     let client = db.client().await;
     seed_live(&client, "cli", 30, DUE).await;
     let config = db.config();
-    let lease = Lease::try_acquire(&config.database).await.unwrap().unwrap();
+    let holder = db.client().await;
+    let lease = take_lease(&holder, &config, "other-host:4242:0badcafe").await;
     let held = tokio::process::Command::new(binary())
         .arg("cleanup")
         .env("TOMBSTONED_DATABASE_URL", &db.url)
@@ -906,7 +912,7 @@ async fn cli_run_prints_its_report_and_respects_the_lease() {
     assert_eq!(held.status.code(), Some(75), "{held:?}");
     assert!(String::from_utf8_lossy(&held.stderr).contains("holds the cleanup lease"));
     assert_eq!(counts(&client).await.0, 0);
-    lease.release().await.unwrap();
+    assert!(lease.release(&tombstoned::db::Conn::dedicated(&holder, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap());
 
     let json = tokio::process::Command::new(binary())
         .args([

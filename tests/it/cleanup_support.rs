@@ -326,3 +326,38 @@ pub async fn run_with(
     .await
     .expect("cleanup run")
 }
+
+/// The schema the harness migrates (and every test config names).
+pub const SCHEMA: &str = "tombstoned";
+
+/// The cleanup lease row as it stands (`None`: never taken).
+pub async fn lease_state(observer: &Client) -> Option<cleanup::LeaseState> {
+    cleanup::LeaseState::read(&tombstoned::db::Conn::dedicated(observer, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap()
+}
+
+/// Asserts that nobody holds the cleanup lease now (released, or never taken).
+pub async fn assert_lease_free(observer: &Client) {
+    if let Some(state) = lease_state(observer).await {
+        assert!(!state.held, "the cleanup lease is still held: {state:?}");
+    }
+}
+
+/// Ends whatever lease is in the row now, as its expiry passing would (a crashed holder's lease
+/// expires after `lease_ttl`, minutes a test does not wait).
+pub async fn expire_lease(observer: &Client) {
+    observer
+        .execute(
+            "UPDATE tombstoned.cleanup_lease SET expires_at = now() WHERE name = 'cleanup'",
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
+/// Takes the cleanup lease for a foreign holder (as another instance would), on `client`.
+pub async fn take_lease(client: &Client, config: &Config, holder: &str) -> cleanup::Lease {
+    cleanup::Lease::try_acquire(&tombstoned::db::Conn::dedicated(client, SCHEMA, tombstoned::db::Pooler::None), &config.cleanup, holder)
+        .await
+        .unwrap()
+        .expect("the lease was free")
+}

@@ -327,7 +327,14 @@ async fn sigterm_during_a_cleanup_run_commits_whole_batches_releases_the_lease_a
     assert!(tombstones < ROWS, "the run should have been cut short");
 
     // The lease is free, and its sessions are gone.
-    wait_until_gone(&client, "tombstoned/cleanup-lease").await;
+    assert!(
+        !tombstoned::cleanup::LeaseState::read(&tombstoned::db::Conn::dedicated(&client, "tombstoned", tombstoned::db::Pooler::None))
+            .await
+            .unwrap()
+            .expect("the run took the lease row")
+            .held,
+        "the cleanup lease is still held after shutdown"
+    );
     wait_until_gone(&client, "tombstoned/cleanup").await;
     let advisory: i64 = client
         .query_one(

@@ -49,6 +49,7 @@ fn checked_in_man_pages_and_completions_match_the_command_line() {
             "tombstoned-cleanup.8",
             "tombstoned-migrate.8",
             "tombstoned-check-config.8",
+            "tombstoned-status.8",
             "tombstoned-demo.8",
             "tombstoned-outbox.8",
         ],

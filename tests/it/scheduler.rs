@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{TimeDelta, Timelike, Utc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tombstoned::cleanup::{lease_key, RunOutcome};
+use tombstoned::cleanup::RunOutcome;
 use tombstoned::config::Config;
 use tombstoned::metrics::Metrics;
 use tombstoned::scheduler::{Scheduler, SchedulerState, SchedulerStatus};
@@ -124,7 +124,13 @@ async fn fire_times_missed_during_a_long_run_are_coalesced_into_one_catch_up_run
         1,
         "runs overlapped"
     );
-    assert_eq!(sessions(&observer, "tombstoned/cleanup-lease").await, 1);
+    // The lease row names this process's running run (it used to be a lease session).
+    let lease = lease_state(&observer).await.expect("lease row");
+    assert!(lease.held, "{lease:?}");
+    assert!(
+        lease.holder.contains(&format!(":{}:", std::process::id())),
+        "{lease:?}"
+    );
     assert_eq!(running.metrics.cleanup_lease_held.get(), 1);
     reader.commit().await;
 
@@ -160,14 +166,9 @@ async fn a_fire_is_skipped_and_recorded_while_another_session_holds_the_lease() 
     let observer = db.client().await;
     seed_live(&observer, "ls", 10, DUE).await;
     let holder = db.client().await;
-    holder
-        .query_one(
-            "SELECT pg_advisory_lock(hashtextextended($1, 0))",
-            &[&lease_key("tombstoned")],
-        )
-        .await
-        .unwrap();
-    let mut running = start(db.config_with(&[("TOMBSTONED_CLEANUP__SCHEDULE", "* * * * * *")]));
+    let config = db.config_with(&[("TOMBSTONED_CLEANUP__SCHEDULE", "* * * * * *")]);
+    let lease = take_lease(&holder, &config, "other-host:4242:0badcafe").await;
+    let mut running = start(config);
 
     let skipped = running
         .until("a lease skip", |s| {
@@ -186,13 +187,12 @@ async fn a_fire_is_skipped_and_recorded_while_another_session_holds_the_lease() 
         "a skipped fire must not clean"
     );
 
-    holder
-        .query_one(
-            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
-            &[&lease_key("tombstoned")],
-        )
-        .await
-        .unwrap();
+    assert_eq!(
+        lease_state(&observer).await.unwrap().holder,
+        "other-host:4242:0badcafe",
+        "a skipped fire must not take the lease"
+    );
+    assert!(lease.release(&tombstoned::db::Conn::dedicated(&holder, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap());
     let ran = running
         .until("a run after the lease is free", |s| {
             s.last_run
@@ -312,7 +312,58 @@ async fn shutdown_during_a_run_lets_the_batch_finish_and_ends_the_loop() {
         1
     );
     assert_eq!(counts(&observer).await.0, 20);
-    wait_until_gone(&observer, "tombstoned/cleanup-lease").await;
+    wait_until_gone(&observer, "tombstoned/cleanup").await;
+    assert_lease_free(&observer).await;
+}
+
+/// Two schedulers (two daemons' worth) on one database, firing every second with runs longer
+/// than that: they take turns. The run history shows no two runs at once, every tombstone is
+/// accounted for by a recorded run, and after both stop nothing holds the lease.
+#[tokio::test]
+async fn two_schedulers_on_one_database_never_clean_at_the_same_time() {
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    seed_live(&observer, "pair", 3000, DUE).await;
+    let config = db.config_with(&[
+        ("TOMBSTONED_CLEANUP__SCHEDULE", "* * * * * *"),
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "10"),
+        ("TOMBSTONED_CLEANUP__PAUSE_BETWEEN_BATCHES", "20ms"),
+        ("TOMBSTONED_CLEANUP__MAX_RUN_TIME", "1500ms"),
+    ]);
+    let (first, second) = (start(config.clone()), start(config));
+
+    // Barrier on the history itself: wait until four runs are recorded.
+    let deadline = std::time::Instant::now() + BARRIER * 3;
+    loop {
+        let recorded: i64 = observer
+            .query_one("SELECT count(*) FROM tombstoned.cleanup_runs", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if recorded >= 4 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "only {recorded} runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let skipped = first.runs("skipped_lease") + second.runs("skipped_lease");
+    first.stop().await;
+    second.stop().await;
+
+    let runs = tombstoned::cleanup::RecordedRun::recent(&tombstoned::db::Conn::dedicated(&observer, SCHEMA, tombstoned::db::Pooler::None), 1000)
+        .await
+        .unwrap();
+    let mut intervals: Vec<_> = runs.iter().map(|r| (r.started_at, r.finished_at)).collect();
+    intervals.sort();
+    for pair in intervals.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "two runs overlapped: {pair:?}");
+    }
+    assert!(runs.iter().all(|r| r.outcome != "failed"), "{runs:?}");
+    let recorded: i64 = runs.iter().map(|r| r.rows_tombstoned).sum();
+    assert_eq!(recorded, counts(&observer).await.0);
+    assert_lease_free(&observer).await;
+    // Runs of 1.5 s fired every second by two schedulers: some fires found the lease taken.
+    assert!(skipped >= 1, "no fire was ever skipped");
 }
 
 /// Issue 12 (failover, bullet 3): on a server that refuses writes (here

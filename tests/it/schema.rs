@@ -18,11 +18,14 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(before.applied.is_empty());
-    assert_eq!(before.pending.len(), 2, "{before:?}");
+    assert_eq!(before.pending.len(), 3, "{before:?}");
     assert!(before.problem().unwrap().contains("tombstoned migrate"));
 
     let first = migrations::migrate(&config.database).await.unwrap();
-    assert_eq!(first.iter().map(|m| m.version).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(
+        first.iter().map(|m| m.version).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
     let second = migrations::migrate(&config.database).await.unwrap();
     assert!(second.is_empty(), "second run applied {second:?}");
 
@@ -30,7 +33,7 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(after.is_current(), "{after:?}");
-    assert_eq!(after.applied.len(), 2);
+    assert_eq!(after.applied.len(), 3);
 }
 
 #[tokio::test]
@@ -51,14 +54,17 @@ async fn concurrent_migrate_runs_are_serialised() {
             .expect("every concurrent run succeeds")
             .len();
     }
-    assert_eq!(applied, 2, "V1 and V2 are each applied by exactly one run");
+    assert_eq!(
+        applied, 3,
+        "V1, V2 and V3 are each applied by exactly one run"
+    );
     let client = db.client().await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 2);
+    assert_eq!(rows, 3);
 }
 
 #[tokio::test]
@@ -81,6 +87,8 @@ async fn migrate_honours_the_configured_schema() {
     assert_eq!(
         tables,
         [
+            "cleanup_lease",
+            "cleanup_runs",
             "idempotency_records",
             "orders",
             "outbox_events",
@@ -115,6 +123,53 @@ async fn tables_have_the_documented_columns() {
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
         .collect();
     let expected = [
+        // V3: the cleanup lease and the run history.
+        ("cleanup_lease", "name", "text", "NO"),
+        ("cleanup_lease", "holder", "text", "NO"),
+        ("cleanup_lease", "holder_pid", "integer", "YES"),
+        ("cleanup_lease", "holder_application_name", "text", "YES"),
+        (
+            "cleanup_lease",
+            "acquired_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        (
+            "cleanup_lease",
+            "renewed_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        (
+            "cleanup_lease",
+            "expires_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        ("cleanup_runs", "run_id", "bigint", "NO"),
+        ("cleanup_runs", "instance", "text", "NO"),
+        (
+            "cleanup_runs",
+            "started_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        (
+            "cleanup_runs",
+            "finished_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        ("cleanup_runs", "outcome", "text", "NO"),
+        ("cleanup_runs", "stopped_by", "text", "YES"),
+        ("cleanup_runs", "rows_tombstoned", "bigint", "NO"),
+        ("cleanup_runs", "tombstones_purged", "bigint", "NO"),
+        ("cleanup_runs", "outbox_events_deleted", "bigint", "NO"),
+        ("cleanup_runs", "lock_timeouts", "bigint", "NO"),
+        ("cleanup_runs", "rows_skipped", "bigint", "NO"),
+        ("cleanup_runs", "batches", "bigint", "NO"),
+        ("cleanup_runs", "backlog_rows", "bigint", "YES"),
+        ("cleanup_runs", "error", "text", "YES"),
         ("idempotency_records", "tenant_id", "text", "NO"),
         ("idempotency_records", "principal_id", "text", "NO"),
         ("idempotency_records", "operation", "text", "NO"),

@@ -1,0 +1,319 @@
+//! What `tombstoned status` reads from the configured database, in one READ ONLY snapshot: the
+//! cleanup lease, the run history, the backlog, record counts (estimates), replication lag per
+//! standby and the outbox backlog — and the health verdict a monitoring check needs
+//! ([`StatusReport::stale`]). Nothing here prints; `src/cli/status.rs` renders it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::cleanup::{LeaseState, RecordedRun};
+use crate::config::DatabaseConfig;
+use crate::cleanup::sql::{DRY_RUN_BEGIN as READ_ONLY_SNAPSHOT, DRY_RUN_END as END_SNAPSHOT};
+use crate::db::{self, migrations, Conn, DbError};
+
+/// How many recent runs the report lists.
+pub const RECENT_RUNS: i64 = 10;
+
+/// Why the status could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The database could not be reached.
+    #[error("cannot open the status session")]
+    Connect(#[source] DbError),
+    /// The schema is not at this binary's version (migrations pending or unknown).
+    #[error("the schema is not current: {0}")]
+    SchemaNotCurrent(String),
+    /// A read failed.
+    #[error("cannot read the status ({step})")]
+    Read {
+        /// What was being read.
+        step: &'static str,
+        /// The database error.
+        #[source]
+        source: DbError,
+    },
+}
+
+fn read_error(step: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StatusError {
+    move |e| StatusError::Read {
+        step,
+        source: DbError::Query(e),
+    }
+}
+
+/// Rows due now and the oldest of them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Backlog {
+    /// Live records whose replay deadline has passed (exact count, through the due index).
+    pub due_rows: i64,
+    /// The earliest replay deadline among them.
+    pub oldest_due_deadline: Option<DateTime<Utc>>,
+    /// How long ago that was, in seconds.
+    pub oldest_due_age_seconds: Option<f64>,
+}
+
+/// Live records and tombstones, estimated from the partial indexes' statistics (`reltuples`,
+/// as of the last VACUUM or ANALYZE): counting them would read whole indexes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecordEstimates {
+    /// Entries of `idempotency_records_due_idx` (`WHERE NOT expired`); `None`: never analysed.
+    pub live_estimate: Option<i64>,
+    /// Entries of `idempotency_records_purge_idx` (`WHERE expired`); `None`: never analysed.
+    pub tombstones_estimate: Option<i64>,
+}
+
+/// One standby as `pg_stat_replication` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Standby {
+    /// Its `application_name`.
+    pub application_name: String,
+    /// Its address (`None`: a Unix socket).
+    pub client_addr: Option<String>,
+    /// `streaming`, `catchup`, ...
+    pub state: Option<String>,
+    /// `async`, `sync`, `quorum`, `potential`.
+    pub sync_state: Option<String>,
+    /// `replay_lag` in seconds (`None`: idle standby, nothing to replay).
+    pub replay_lag_seconds: Option<f64>,
+}
+
+/// Replication as far as this role may see it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replication {
+    /// Whether this role sees the details of `pg_stat_replication` (superuser, or a member of
+    /// `pg_read_all_stats`, e.g. through `pg_monitor`).
+    pub visible: bool,
+    /// The standbys (empty when not visible).
+    pub standbys: Vec<Standby>,
+}
+
+/// The outbox backlog (only once the outbox relay's columns exist).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OutboxBacklog {
+    /// Events neither delivered nor dead letters.
+    pub pending: i64,
+    /// When the oldest pending event was created.
+    pub oldest_pending_created_at: Option<DateTime<Utc>>,
+    /// Dead letters (`tombstoned outbox requeue` puts them back).
+    pub dead_letters: i64,
+}
+
+/// Everything `tombstoned status` shows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatusReport {
+    /// The configured schema.
+    pub schema: String,
+    /// The database clock when the snapshot was taken; every age is relative to it.
+    pub read_at: DateTime<Utc>,
+    /// The cleanup lease (`None`: never taken).
+    pub lease: Option<LeaseState>,
+    /// The newest run that ended `success` or `partial`.
+    pub last_success: Option<RecordedRun>,
+    /// Seconds since `last_success` finished.
+    pub last_success_age_seconds: Option<f64>,
+    /// The newest runs, newest first (at most [`RECENT_RUNS`]).
+    pub recent_runs: Vec<RecordedRun>,
+    /// Rows due now.
+    pub backlog: Backlog,
+    /// Record counts, estimated.
+    pub records: RecordEstimates,
+    /// Standbys and their lag.
+    pub replication: Replication,
+    /// The outbox backlog; `None` when the schema has no outbox relay columns.
+    pub outbox: Option<OutboxBacklog>,
+}
+
+impl StatusReport {
+    /// `Some(reason)` when the last successful run is older than `max_age`, or none is
+    /// recorded: the condition `tombstoned status --max-age` exits 2 for.
+    pub fn stale(&self, max_age: Duration) -> Option<String> {
+        let Some(age) = self.last_success_age_seconds else {
+            return Some("no successful cleanup run is recorded".to_owned());
+        };
+        let age = Duration::from_secs_f64(age.max(0.0));
+        (age > max_age).then(|| {
+            format!(
+                "the last successful cleanup run finished {} ago, more than {}",
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                humantime::format_duration(max_age)
+            )
+        })
+    }
+}
+
+const BACKLOG: &str = "\
+SELECT count(*), min(replay_deadline), now()
+FROM {schema}.idempotency_records
+WHERE NOT expired AND replay_deadline <= now()";
+
+const INDEX_ESTIMATES: &str = "\
+SELECT c.relname::text, c.reltuples::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1
+  AND c.relname IN ('idempotency_records_due_idx', 'idempotency_records_purge_idx')";
+
+const REPLICATION_VISIBLE: &str = "\
+SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')
+FROM pg_roles WHERE rolname = current_user";
+
+const STANDBYS: &str = "\
+SELECT coalesce(application_name, ''), client_addr::text, state, sync_state,
+       extract(epoch FROM replay_lag)::float8
+FROM pg_stat_replication
+ORDER BY application_name, client_addr";
+
+const OUTBOX_PRESENT: &str = "\
+SELECT count(*) = 2 FROM information_schema.columns
+WHERE table_schema = $1 AND table_name = 'outbox_events'
+  AND column_name IN ('published_at', 'dead_lettered_at')";
+
+const OUTBOX_BACKLOG: &str = "\
+SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL),
+       min(created_at) FILTER (WHERE dead_lettered_at IS NULL),
+       count(*) FILTER (WHERE dead_lettered_at IS NOT NULL)
+FROM {schema}.outbox_events
+WHERE published_at IS NULL";
+
+fn age_seconds(now: DateTime<Utc>, then: DateTime<Utc>) -> f64 {
+    (now - then).num_milliseconds() as f64 / 1000.0
+}
+
+/// Reads the status of `db`'s schema in one READ ONLY, REPEATABLE READ transaction (one
+/// snapshot: the figures agree with each other). Changes nothing, takes no lock beyond the
+/// snapshot's.
+pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
+    let session = db::connect(db, "status")
+        .await
+        .map_err(StatusError::Connect)?;
+    let conn = session.conn();
+    let migration_state = migrations::status(&conn, None)
+        .await
+        .map_err(|source| StatusError::Read {
+            step: "migrations",
+            source,
+        })?;
+    if let Some(problem) = migration_state.problem() {
+        return Err(StatusError::SchemaNotCurrent(problem));
+    }
+    // Simple-protocol BEGIN/ROLLBACK (nothing kept on the session, fine through any pooler).
+    session
+        .client
+        .batch_execute(READ_ONLY_SNAPSHOT)
+        .await
+        .map_err(read_error("starting a read-only transaction"))?;
+    let report = read_in(&conn, &db.schema).await?;
+    session
+        .client
+        .batch_execute(END_SNAPSHOT)
+        .await
+        .map_err(read_error("ending the read-only transaction"))?;
+    Ok(report)
+}
+
+async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, StatusError> {
+    let row = client
+        .query_one(BACKLOG, &[])
+        .await
+        .map_err(read_error("the backlog"))?;
+    let read_at: DateTime<Utc> = row.try_get(2).map_err(read_error("the backlog"))?;
+    let oldest: Option<DateTime<Utc>> = row.try_get(1).map_err(read_error("the backlog"))?;
+    let backlog = Backlog {
+        due_rows: row.try_get(0).map_err(read_error("the backlog"))?,
+        oldest_due_deadline: oldest,
+        oldest_due_age_seconds: oldest.map(|t| age_seconds(read_at, t)),
+    };
+
+    let lease = LeaseState::read(client)
+        .await
+        .map_err(read_error("the cleanup lease"))?;
+    let recent_runs = RecordedRun::recent(client, RECENT_RUNS)
+        .await
+        .map_err(read_error("the run history"))?;
+    let last_success = RecordedRun::last_successful(client)
+        .await
+        .map_err(read_error("the run history"))?;
+    let last_success_age_seconds = last_success
+        .as_ref()
+        .map(|r| age_seconds(read_at, r.finished_at));
+
+    let mut records = RecordEstimates {
+        live_estimate: None,
+        tombstones_estimate: None,
+    };
+    for row in client
+        .query(INDEX_ESTIMATES, &[&schema])
+        .await
+        .map_err(read_error("the index statistics"))?
+    {
+        let name: String = row.try_get(0).map_err(read_error("the index statistics"))?;
+        let tuples: i64 = row.try_get(1).map_err(read_error("the index statistics"))?;
+        // -1: never vacuumed or analysed, so unknown.
+        let estimate = (tuples >= 0).then_some(tuples);
+        match name.as_str() {
+            "idempotency_records_due_idx" => records.live_estimate = estimate,
+            _ => records.tombstones_estimate = estimate,
+        }
+    }
+
+    let visible: bool = client
+        .query_opt(REPLICATION_VISIBLE, &[])
+        .await
+        .map_err(read_error("the replication view"))?
+        .map(|r| r.try_get::<_, Option<bool>>(0))
+        .transpose()
+        .map_err(read_error("the replication view"))?
+        .flatten()
+        .unwrap_or(false);
+    let mut standbys = Vec::new();
+    if visible {
+        for row in client
+            .query(STANDBYS, &[])
+            .await
+            .map_err(read_error("the replication view"))?
+        {
+            let get = |e| read_error("the replication view")(e);
+            standbys.push(Standby {
+                application_name: row.try_get(0).map_err(get)?,
+                client_addr: row.try_get(1).map_err(get)?,
+                state: row.try_get(2).map_err(get)?,
+                sync_state: row.try_get(3).map_err(get)?,
+                replay_lag_seconds: row.try_get(4).map_err(get)?,
+            });
+        }
+    }
+
+    let outbox_present: bool = client
+        .query_one(OUTBOX_PRESENT, &[&schema])
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(read_error("the outbox columns"))?;
+    let outbox = if outbox_present {
+        let row = client
+            .query_one(OUTBOX_BACKLOG, &[])
+            .await
+            .map_err(read_error("the outbox backlog"))?;
+        let get = |e| read_error("the outbox backlog")(e);
+        Some(OutboxBacklog {
+            pending: row.try_get(0).map_err(get)?,
+            oldest_pending_created_at: row.try_get(1).map_err(get)?,
+            dead_letters: row.try_get(2).map_err(get)?,
+        })
+    } else {
+        None
+    };
+
+    Ok(StatusReport {
+        schema: schema.to_owned(),
+        read_at,
+        lease,
+        last_success,
+        last_success_age_seconds,
+        recent_runs,
+        backlog,
+        records,
+        replication: Replication { visible, standbys },
+        outbox,
+    })
+}
