@@ -213,6 +213,12 @@ pub async fn run_leased(
     match recorded {
         Ok(true) => {}
         Ok(false) => tracing::info!("run recorded; the cleanup lease had passed to another run"),
+        // After a run that failed because the database went away, the run's own error (reported
+        // once, by the caller) already says why; this is only detail.
+        Err(e) if result.is_err() && e.class() == ErrorClass::Unavailable => tracing::debug!(
+            error = %db::error_text(&e),
+            "cleanup run not recorded in cleanup_runs; its lease expires on its own"
+        ),
         Err(e) => tracing::warn!(
             error = %db::error_text(&e),
             "cleanup run not recorded in cleanup_runs; its lease expires on its own"
