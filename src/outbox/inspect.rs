@@ -175,7 +175,7 @@ async fn read_only<T>(
 pub async fn preview(db: &DatabaseConfig, limit: u32) -> Result<DeliveryPreview, OutboxError> {
     read_only(db, "outbox-dry-run", async |tx| {
         let counts = counts(tx).await?;
-        let now = tx.query_one("SELECT now()", &[]).await?.try_get(0)?;
+        let now = tx.query_one(sql::NOW, &[]).await?.try_get(0)?;
         let rows = tx.query(sql::DUE_NOW, &[&i64::from(limit)]).await?;
         let would_send = rows
             .iter()
@@ -194,7 +194,7 @@ pub async fn list(
 ) -> Result<(OutboxCounts, Vec<EventSummary>), OutboxError> {
     read_only(db, "outbox-admin", async |tx| {
         let counts = counts(tx).await?;
-        let now = tx.query_one("SELECT now()", &[]).await?.try_get(0)?;
+        let now = tx.query_one(sql::NOW, &[]).await?.try_get(0)?;
         let rows = tx
             .query(
                 sql::LIST_UNDELIVERED,

@@ -117,6 +117,10 @@ SET attempts = attempts - 1, locked_by = NULL, locked_until = NULL
     lease_guard!()
 );
 
+/// The transaction's time, which the listings measure ages and due times against (the
+/// database's clock, like every deadline).
+pub const NOW: &str = "SELECT now()";
+
 /// What the gauges and the dry runs show, read through `outbox_events_unpublished_idx` only
 /// (cost follows the backlog and the dead letters, never the delivered history): pending events,
 /// the oldest pending one's creation time, dead letters, and events leased right now.
