@@ -1,8 +1,6 @@
 //! Helpers for the cleanup and scheduler tests: seeding records with plain SQL, table checksums,
 //! replay-reader sessions that hold row locks, and barriers on `pg_stat_activity`.
 
-#![allow(dead_code)] // each test module uses a different subset
-
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
