@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::db::conninfo::ConnInfo;
 use crate::db::credentials;
 use crate::db::Pooler;
+use crate::money::{Currency, CurrencyError};
 use crate::outbox::settings::{self, RawOutbox};
 use crate::schedule::Schedule;
 use crate::toml_diagnostic::{describe, Stage};
@@ -71,10 +72,56 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
+    /// Several values are not acceptable: each one's error, section by section, so one
+    /// `check-config` names every mistake.
+    #[error("{}", several(.0))]
+    Several(Vec<ConfigError>),
 }
 
-/// The validated configuration.
-#[derive(Debug, Clone)]
+fn several(problems: &[ConfigError]) -> String {
+    let all: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    format!("{} problems: {}", problems.len(), all.join("; "))
+}
+
+/// What validation found wrong so far. A refused value is replaced by its default so the keys
+/// after it are still checked; a check that combines keys runs only when they were all valid.
+#[derive(Default)]
+struct Problems(Vec<ConfigError>);
+
+impl Problems {
+    /// The checked value, or `fallback` after recording why it was refused.
+    fn take<T>(&mut self, checked: Result<T, ConfigError>, fallback: T) -> T {
+        checked.unwrap_or_else(|e| {
+            self.0.push(e);
+            fallback
+        })
+    }
+
+    fn push(&mut self, e: ConfigError) {
+        self.0.push(e);
+    }
+
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The value when nothing was wrong; one problem as itself; several as [`ConfigError::Several`].
+    fn finish<T>(mut self, value: T) -> Result<T, ConfigError> {
+        match self.0.len() {
+            0 => Ok(value),
+            1 => Err(self.0.remove(0)),
+            _ => Err(ConfigError::Several(self.0)),
+        }
+    }
+}
+
+/// The validated configuration. [`Config::default`] is what loading no file and no environment
+/// gives; each section's defaults are written next to its fields.
+///
+/// Each field says whether a reload (SIGHUP) applies it or it needs a restart;
+/// [`Config::restart_required_changes`] is the one place that decides, and a unit test holds it
+/// to these docs.
+#[derive(Debug, Clone, Default)]
 pub struct Config {
     /// `[database]`
     pub database: DatabaseConfig,
@@ -86,38 +133,76 @@ pub struct Config {
     pub api: ApiConfig,
     /// `[metrics]`
     pub metrics: MetricsConfig,
-    /// `[outbox]`
+    /// `[outbox]`. Reload: needs a restart (every key: the relay runs with the settings it
+    /// started with).
     pub outbox: OutboxConfig,
     /// The file this was loaded from, if any.
     pub source: Option<PathBuf>,
 }
 
-/// `[database]`: where the records live.
+/// `[database]`: where the records live. Every key needs a restart: sessions and the pool are
+/// opened with them.
 #[derive(Debug, Clone)]
 pub struct DatabaseConfig {
     /// The connection URL or key=value string; printed only redacted.
+    /// Default: `postgresql://tombstoned@localhost/app`. Reload: needs a restart.
     pub url: DatabaseUrl,
     /// PostgreSQL schema holding every object tombstoned creates; a plain lower-case identifier.
+    /// Default: `tombstoned`. Reload: needs a restart.
     pub schema: String,
-    /// Connections in the API pool.
+    /// Connections in the API pool. Default: 16. Reload: needs a restart.
     pub pool_size: usize,
     /// Bound on establishing one connection, per host (a `connect_timeout` in the URL wins).
+    /// Default: 5s. Reload: needs a restart.
     pub connect_timeout: Duration,
     /// `database.password_file`: the password is read from it at each new connection.
+    /// Default: none. Reload: needs a restart.
     pub password_file: Option<PathBuf>,
-    /// `database.pooler`: what sits between tombstoned and PostgreSQL (restart-only).
+    /// What sits between tombstoned and PostgreSQL: `none`, `session` or `transaction` (a
+    /// transaction-mode pooler: unnamed statements only). Default: `none`. Reload: needs a
+    /// restart.
     pub pooler: Pooler,
+}
+
+/// The default database URL: a local database named like the usual application's.
+const DEFAULT_DATABASE_URL: &str = "postgresql://tombstoned@localhost/app";
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: DatabaseUrl::parse(DEFAULT_DATABASE_URL)
+                .expect("the built-in default URL parses (a unit test checks it)"),
+            schema: "tombstoned".into(),
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            password_file: None,
+            pooler: Pooler::None,
+        }
+    }
 }
 
 /// `[retention]`: how long responses are replayable, and whether tombstones ever go.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetentionConfig {
     /// A stored response is replayable this long after its claim.
+    /// Default: 24h. Reload: applied (to claims made after it).
     pub replay_window: Duration,
     /// Delete tombstones this long after they expired, reopening their keys; `None` keeps them.
+    /// Default: `off`. Reload: applied (next cleanup run).
     pub purge_tombstones_after: Option<Duration>,
     /// Delete delivered outbox events this long after their delivery; `None` keeps them.
+    /// Default: `off`. Reload: applied (next cleanup run).
     pub outbox_keep_delivered: Option<Duration>,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            replay_window: Duration::from_secs(24 * 3600),
+            purge_tombstones_after: None,
+            outbox_keep_delivered: None,
+        }
+    }
 }
 
 /// What a cleanup batch does with a row another transaction has locked.
@@ -130,69 +215,147 @@ pub enum OnLocked {
     Skip,
 }
 
-/// `[cleanup]`: the tombstoning worker.
+impl OnLocked {
+    /// The value as the file writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnLocked::Wait => "wait",
+            OnLocked::Skip => "skip",
+        }
+    }
+}
+
+/// `[cleanup]`: the tombstoning worker. Every key is applied by a reload (from the next run;
+/// `enabled = false` pauses scheduling, a run in progress finishes).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CleanupConfig {
-    /// Whether `serve` schedules cleanup runs.
+    /// Whether `serve` schedules cleanup runs. Default: true. Reload: applied.
     pub enabled: bool,
-    /// When runs fire (UTC).
+    /// When runs fire (UTC). Default: `*/5 * * * *`. Reload: applied (next fire time).
     pub schedule: Schedule,
-    /// Rows per batch transaction.
+    /// Rows per batch transaction. Default: 1000. Reload: applied.
     pub batch_size: u32,
     /// How long a batch waits for a row lock (FOR SHARE replay readers).
+    /// Default: 5s. Reload: applied.
     pub lock_timeout: Duration,
-    /// Bound on every statement of a batch.
+    /// Bound on every statement of a batch. Default: 30s. Reload: applied.
     pub statement_timeout: Duration,
-    /// Wait for locked rows or skip them.
+    /// Wait for locked rows or skip them. Default: `wait`. Reload: applied.
     pub on_locked: OnLocked,
-    /// A run stops starting batches after this long.
+    /// A run stops starting batches after this long. Default: 4m. Reload: applied.
     pub max_run_time: Duration,
-    /// Sleep between batches, to throttle.
+    /// Sleep between batches, to throttle. Default: 0s. Reload: applied.
     pub pause_between_batches: Duration,
     /// Runs kept in the `cleanup_runs` history (the oldest are deleted as new ones are written).
+    /// Default: 100. Reload: applied.
     pub history_runs: u32,
+}
+
+/// The default cleanup schedule: every five minutes.
+const DEFAULT_CLEANUP_SCHEDULE: &str = "*/5 * * * *";
+
+impl Default for CleanupConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            schedule: Schedule::parse(DEFAULT_CLEANUP_SCHEDULE)
+                .expect("the built-in default schedule parses (a unit test checks it)"),
+            batch_size: 1000,
+            lock_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+            on_locked: OnLocked::Wait,
+            max_run_time: Duration::from_secs(4 * 60),
+            pause_between_batches: Duration::ZERO,
+            history_runs: 100,
+        }
+    }
 }
 
 /// `[api]`: the claim/replay HTTP endpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiConfig {
-    /// Whether `serve` starts the HTTP API.
+    /// Whether `serve` starts the HTTP API. Default: true. Reload: needs a restart.
     pub enabled: bool,
-    /// Address the API listens on.
+    /// Address the API listens on. Default: `127.0.0.1:8080`. Reload: needs a restart.
     pub listen: SocketAddr,
     /// How long a claim waits on an in-flight owner of the same key before answering 409.
+    /// Default: 2s. Reload: applied.
     pub claim_lock_timeout: Duration,
-    /// Largest accepted request body.
+    /// Largest accepted request body. Default: 16384. Reload: applied.
     pub max_body_bytes: usize,
-    /// ISO 4217 code (upper case) used when a request names no currency.
-    pub default_currency: String,
+    /// The currency used when a request names none, parsed once at load.
+    /// Default: `CNY`. Reload: applied.
+    pub default_currency: Currency,
     /// API version used when a request sends no `Api-Version` header.
+    /// Default: the newest of [`SUPPORTED_API_VERSIONS`]. Reload: applied.
     pub default_api_version: String,
-    /// Sustained requests per second allowed per principal.
+    /// Sustained requests per second allowed per principal. Default: 50. Reload: applied.
     pub rate_limit_per_second: u32,
-    /// Requests a principal may send in a burst.
+    /// Requests a principal may send in a burst. Default: 100. Reload: applied.
     pub rate_limit_burst: u32,
     /// The bearer-token file, resolved against the configuration file's directory.
+    /// Default: `tokens.toml`. Reload: applied (and re-read at every reload).
     pub tokens_file: PathBuf,
-    /// Open connections the API listener keeps at most.
+    /// Open connections the API listener keeps at most. Default: 1024. Reload: needs a restart.
     pub max_connections: usize,
     /// How long a client may take to send a request's headers (and, for a POST, its body).
+    /// Default: 10s. Reload: needs a restart.
     pub header_read_timeout: Duration,
-    /// How long a connection may stay open without a request.
+    /// How long a connection may stay open without a request. Default: 60s. Reload: needs a
+    /// restart.
     pub idle_timeout: Duration,
 }
 
-/// `[metrics]`: the Prometheus and health listener.
+/// The default currency of orders that name none.
+const DEFAULT_CURRENCY: &str = "CNY";
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            claim_lock_timeout: Duration::from_secs(2),
+            max_body_bytes: 16384,
+            default_currency: Currency::parse(DEFAULT_CURRENCY)
+                .expect("the built-in default currency exists (a unit test checks it)"),
+            default_api_version: SUPPORTED_API_VERSIONS[0].into(),
+            rate_limit_per_second: 50,
+            rate_limit_burst: 100,
+            tokens_file: PathBuf::from("tokens.toml"),
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[metrics]`: the Prometheus and health listener. Every key needs a restart: the listener is
+/// bound and configured at start-up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetricsConfig {
     /// Address serving `/metrics`, `/healthz` and `/readyz`.
+    /// Default: `127.0.0.1:9187`. Reload: needs a restart.
     pub listen: SocketAddr,
-    /// Open connections the metrics listener keeps at most.
+    /// Open connections the metrics listener keeps at most. Default: 64. Reload: needs a
+    /// restart.
     pub max_connections: usize,
-    /// How long a client may take to send a request's headers.
+    /// How long a client may take to send a request's headers. Default: 10s. Reload: needs a
+    /// restart.
     pub header_read_timeout: Duration,
-    /// How long a connection may stay open without a request.
+    /// How long a connection may stay open without a request. Default: 60s. Reload: needs a
+    /// restart.
     pub idle_timeout: Duration,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9187)),
+            max_connections: 64,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// A database connection string that never prints its password.
@@ -293,35 +456,12 @@ struct RawDatabase {
     pooler: String,
 }
 
-impl Default for RawDatabase {
-    fn default() -> Self {
-        Self {
-            url: "postgresql://tombstoned@localhost/app".into(),
-            schema: "tombstoned".into(),
-            pool_size: 16,
-            connect_timeout: "5s".into(),
-            password_file: String::new(),
-            pooler: "none".into(),
-        }
-    }
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct RawRetention {
     replay_window: String,
     purge_tombstones_after: String,
     outbox_keep_delivered: String,
-}
-
-impl Default for RawRetention {
-    fn default() -> Self {
-        Self {
-            replay_window: "24h".into(),
-            purge_tombstones_after: "off".into(),
-            outbox_keep_delivered: "off".into(),
-        }
-    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -337,22 +477,6 @@ struct RawCleanup {
     max_run_time: String,
     pause_between_batches: String,
     history_runs: i64,
-}
-
-impl Default for RawCleanup {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            schedule: "*/5 * * * *".into(),
-            batch_size: 1000,
-            lock_timeout: "5s".into(),
-            statement_timeout: "30s".into(),
-            on_locked: "wait".into(),
-            max_run_time: "4m".into(),
-            pause_between_batches: "0s".into(),
-            history_runs: 100,
-        }
-    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -372,25 +496,6 @@ struct RawApi {
     idle_timeout: String,
 }
 
-impl Default for RawApi {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            listen: "127.0.0.1:8080".into(),
-            claim_lock_timeout: "2s".into(),
-            max_body_bytes: 16384,
-            default_currency: "CNY".into(),
-            default_api_version: SUPPORTED_API_VERSIONS[0].into(),
-            rate_limit_per_second: 50,
-            rate_limit_burst: 100,
-            tokens_file: "tokens.toml".into(),
-            max_connections: 1024,
-            header_read_timeout: "10s".into(),
-            idle_timeout: "60s".into(),
-        }
-    }
-}
-
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct RawMetrics {
@@ -400,13 +505,93 @@ struct RawMetrics {
     idle_timeout: String,
 }
 
+/// The raw (file-shaped) defaults are the typed defaults written out as the file would write
+/// them: one set of literals, in the typed sections' `Default` impls.
+fn duration_text(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+fn optional_duration_text(d: Option<Duration>) -> String {
+    d.map_or_else(|| "off".to_owned(), duration_text)
+}
+
+fn integer<T: TryInto<i64>>(n: T) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
+impl Default for RawDatabase {
+    fn default() -> Self {
+        let d = DatabaseConfig::default();
+        Self {
+            url: d.url.expose().to_owned(),
+            schema: d.schema,
+            pool_size: integer(d.pool_size),
+            connect_timeout: duration_text(d.connect_timeout),
+            password_file: d
+                .password_file
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            pooler: d.pooler.as_str().to_owned(),
+        }
+    }
+}
+
+impl Default for RawRetention {
+    fn default() -> Self {
+        let d = RetentionConfig::default();
+        Self {
+            replay_window: duration_text(d.replay_window),
+            purge_tombstones_after: optional_duration_text(d.purge_tombstones_after),
+            outbox_keep_delivered: optional_duration_text(d.outbox_keep_delivered),
+        }
+    }
+}
+
+impl Default for RawCleanup {
+    fn default() -> Self {
+        let d = CleanupConfig::default();
+        Self {
+            enabled: d.enabled,
+            schedule: d.schedule.expression().to_owned(),
+            batch_size: integer(d.batch_size),
+            lock_timeout: duration_text(d.lock_timeout),
+            statement_timeout: duration_text(d.statement_timeout),
+            on_locked: d.on_locked.as_str().to_owned(),
+            max_run_time: duration_text(d.max_run_time),
+            pause_between_batches: duration_text(d.pause_between_batches),
+            history_runs: integer(d.history_runs),
+        }
+    }
+}
+
+impl Default for RawApi {
+    fn default() -> Self {
+        let d = ApiConfig::default();
+        Self {
+            enabled: d.enabled,
+            listen: d.listen.to_string(),
+            claim_lock_timeout: duration_text(d.claim_lock_timeout),
+            max_body_bytes: integer(d.max_body_bytes),
+            default_currency: d.default_currency.code().to_owned(),
+            default_api_version: d.default_api_version,
+            rate_limit_per_second: integer(d.rate_limit_per_second),
+            rate_limit_burst: integer(d.rate_limit_burst),
+            tokens_file: d.tokens_file.display().to_string(),
+            max_connections: integer(d.max_connections),
+            header_read_timeout: duration_text(d.header_read_timeout),
+            idle_timeout: duration_text(d.idle_timeout),
+        }
+    }
+}
+
 impl Default for RawMetrics {
     fn default() -> Self {
+        let d = MetricsConfig::default();
         Self {
-            listen: "127.0.0.1:9187".into(),
-            max_connections: 64,
-            header_read_timeout: "10s".into(),
-            idle_timeout: "60s".into(),
+            listen: d.listen.to_string(),
+            max_connections: integer(d.max_connections),
+            header_read_timeout: duration_text(d.header_read_timeout),
+            idle_timeout: duration_text(d.idle_timeout),
         }
     }
 }
@@ -761,6 +946,20 @@ fn socket_addr(key: &'static str, text: &str) -> Result<SocketAddr, ConfigError>
     })
 }
 
+/// `api.default_currency`: an ISO 4217 code with a minor unit, any case, spaces around allowed.
+fn default_currency(text: &str) -> Result<Currency, ConfigError> {
+    let code = text.trim().to_ascii_uppercase();
+    Currency::parse(&code).map_err(|e| ConfigError::Invalid {
+        key: "api.default_currency",
+        reason: match e {
+            CurrencyError::NoMinorUnit => {
+                format!("{code} has no minor unit (not a currency orders can use)")
+            }
+            CurrencyError::Unknown => format!("{text:?} is not an ISO 4217 code"),
+        },
+    })
+}
+
 /// A schema name we can splice into DDL after quoting: lower-case letters, digits, underscores.
 fn schema_name(text: &str) -> Result<String, ConfigError> {
     let ok = !text.is_empty()
@@ -798,6 +997,7 @@ fn password_file(text: &str, base_dir: &Path) -> Result<Option<PathBuf>, ConfigE
     Ok(Some(path))
 }
 
+/// The validate step: every raw value checked and typed, every problem gathered.
 fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
     let RawConfig {
         database,
@@ -807,76 +1007,123 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         metrics,
         outbox,
     } = raw;
+    let mut problems = Problems::default();
+    let p = &mut problems;
 
-    let database = DatabaseConfig {
-        url: DatabaseUrl::parse(&database.url)?,
-        schema: schema_name(&database.schema)?,
-        pool_size: in_range("database.pool_size", database.pool_size, 1, 1000)?,
-        connect_timeout: positive("database.connect_timeout", &database.connect_timeout)?,
-        password_file: password_file(&database.password_file, base_dir)?,
-        pooler: pooler(&database.pooler)?,
+    let d = DatabaseConfig::default();
+    let url = DatabaseUrl::parse(&database.url);
+    let url_ok = url.is_ok();
+    let mut database = DatabaseConfig {
+        url: p.take(url, d.url),
+        schema: p.take(schema_name(&database.schema), d.schema),
+        pool_size: p.take(
+            in_range("database.pool_size", database.pool_size, 1, 1000),
+            d.pool_size,
+        ),
+        connect_timeout: p.take(
+            positive("database.connect_timeout", &database.connect_timeout),
+            d.connect_timeout,
+        ),
+        password_file: p.take(password_file(&database.password_file, base_dir), None),
+        pooler: p.take(pooler(&database.pooler), d.pooler),
     };
-    // A connect_timeout in the URL (libpq's meaning: seconds, at least 2) wins, resolved once
-    // here so every bound derived from the timeout agrees with the one connections use.
-    let mut database = database;
-    if let Some(t) = database.url.conninfo().connect_timeout() {
-        database.connect_timeout = t;
-    }
-    // The TLS files are read now too, so a missing or unreadable certificate is a
-    // configuration error; they are read again at each new connection.
-    crate::db::tls::TlsPlan::resolve(database.url.conninfo())
-        .and_then(|plan| plan.client_config(database.url.conninfo()))
-        .map_err(|e| ConfigError::Invalid {
-            key: "database.url",
-            reason: e.to_string(),
-        })?;
-    if database.password_file.is_some() && database.url.conninfo().password().is_some() {
-        return Err(ConfigError::Invalid {
-            key: "database.password_file",
-            reason: "database.url also holds a password; keep the password in one place \
-                     (remove it from the URL)"
-                .into(),
-        });
+    if url_ok {
+        // A connect_timeout in the URL (libpq's meaning: seconds, at least 2) wins, resolved
+        // once here so every bound derived from the timeout agrees with the one connections use.
+        if let Some(t) = database.url.conninfo().connect_timeout() {
+            database.connect_timeout = t;
+        }
+        // The TLS files are read now too, so a missing or unreadable certificate is a
+        // configuration error; they are read again at each new connection.
+        if let Err(e) = crate::db::tls::TlsPlan::resolve(database.url.conninfo())
+            .and_then(|plan| plan.client_config(database.url.conninfo()))
+        {
+            p.push(ConfigError::Invalid {
+                key: "database.url",
+                reason: e.to_string(),
+            });
+        }
+        if database.password_file.is_some() && database.url.conninfo().password().is_some() {
+            p.push(ConfigError::Invalid {
+                key: "database.password_file",
+                reason: "database.url also holds a password; keep the password in one place \
+                         (remove it from the URL)"
+                    .into(),
+            });
+        }
     }
 
+    let d = RetentionConfig::default();
     let purge = retention.purge_tombstones_after.trim();
     let keep_delivered = retention.outbox_keep_delivered.trim();
     let retention = RetentionConfig {
-        replay_window: retention_duration("retention.replay_window", &retention.replay_window)?,
+        replay_window: p.take(
+            retention_duration("retention.replay_window", &retention.replay_window),
+            d.replay_window,
+        ),
         purge_tombstones_after: if purge.eq_ignore_ascii_case("off") {
             None
         } else {
-            Some(retention_duration(
-                "retention.purge_tombstones_after",
-                purge,
-            )?)
+            p.take(
+                retention_duration("retention.purge_tombstones_after", purge).map(Some),
+                d.purge_tombstones_after,
+            )
         },
         outbox_keep_delivered: if keep_delivered.eq_ignore_ascii_case("off") {
             None
         } else {
-            Some(positive("retention.outbox_keep_delivered", keep_delivered)?)
+            p.take(
+                positive("retention.outbox_keep_delivered", keep_delivered).map(Some),
+                d.outbox_keep_delivered,
+            )
         },
     };
 
+    let d = CleanupConfig::default();
+    let before = p.count();
+    let lock_timeout = p.take(
+        timeout("cleanup.lock_timeout", &cleanup.lock_timeout),
+        d.lock_timeout,
+    );
+    let statement_timeout = p.take(
+        timeout("cleanup.statement_timeout", &cleanup.statement_timeout),
+        d.statement_timeout,
+    );
+    let timeouts_ok = p.count() == before;
     let cleanup = CleanupConfig {
         enabled: cleanup.enabled,
-        schedule: Schedule::parse(&cleanup.schedule).map_err(|e| ConfigError::Invalid {
-            key: "cleanup.schedule",
-            reason: e.to_string(),
-        })?,
-        batch_size: in_range("cleanup.batch_size", cleanup.batch_size, 1, 100_000)?,
-        lock_timeout: timeout("cleanup.lock_timeout", &cleanup.lock_timeout)?,
-        statement_timeout: timeout("cleanup.statement_timeout", &cleanup.statement_timeout)?,
-        on_locked: on_locked(&cleanup.on_locked)?,
-        max_run_time: positive("cleanup.max_run_time", &cleanup.max_run_time)?,
-        pause_between_batches: duration(
-            "cleanup.pause_between_batches",
-            &cleanup.pause_between_batches,
-        )?,
-        history_runs: in_range("cleanup.history_runs", cleanup.history_runs, 1, 100_000)?,
+        schedule: p.take(
+            Schedule::parse(&cleanup.schedule).map_err(|e| ConfigError::Invalid {
+                key: "cleanup.schedule",
+                reason: e.to_string(),
+            }),
+            d.schedule,
+        ),
+        batch_size: p.take(
+            in_range("cleanup.batch_size", cleanup.batch_size, 1, 100_000),
+            d.batch_size,
+        ),
+        lock_timeout,
+        statement_timeout,
+        on_locked: p.take(on_locked(&cleanup.on_locked), d.on_locked),
+        max_run_time: p.take(
+            positive("cleanup.max_run_time", &cleanup.max_run_time),
+            d.max_run_time,
+        ),
+        pause_between_batches: p.take(
+            duration(
+                "cleanup.pause_between_batches",
+                &cleanup.pause_between_batches,
+            ),
+            d.pause_between_batches,
+        ),
+        history_runs: p.take(
+            in_range("cleanup.history_runs", cleanup.history_runs, 1, 100_000),
+            d.history_runs,
+        ),
     };
-    if cleanup.lock_timeout >= cleanup.statement_timeout {
-        return Err(ConfigError::Invalid {
+    if timeouts_ok && cleanup.lock_timeout >= cleanup.statement_timeout {
+        p.push(ConfigError::Invalid {
             key: "cleanup.lock_timeout",
             reason: format!(
                 "{} must be shorter than cleanup.statement_timeout ({}), or lock waits end as \
@@ -887,24 +1134,10 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         });
     }
 
-    let currency = api.default_currency.trim().to_ascii_uppercase();
-    match iso_currency::Currency::from_code(&currency) {
-        Some(c) if c.exponent().is_some() => {}
-        Some(_) => {
-            return Err(ConfigError::Invalid {
-                key: "api.default_currency",
-                reason: format!("{currency} has no minor unit (not a currency orders can use)"),
-            })
-        }
-        None => {
-            return Err(ConfigError::Invalid {
-                key: "api.default_currency",
-                reason: format!("{:?} is not an ISO 4217 code", api.default_currency),
-            })
-        }
-    }
+    let d = ApiConfig::default();
+    let default_currency = p.take(default_currency(&api.default_currency), d.default_currency);
     if !SUPPORTED_API_VERSIONS.contains(&api.default_api_version.as_str()) {
-        return Err(ConfigError::Invalid {
+        p.push(ConfigError::Invalid {
             key: "api.default_api_version",
             reason: format!(
                 "{:?} is not a supported version (supported: {})",
@@ -913,47 +1146,88 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
             ),
         });
     }
+    let before = p.count();
+    let api_listen = p.take(socket_addr("api.listen", &api.listen), d.listen);
+    let api_listen_ok = p.count() == before;
     let api = ApiConfig {
         enabled: api.enabled,
-        listen: socket_addr("api.listen", &api.listen)?,
-        claim_lock_timeout: timeout("api.claim_lock_timeout", &api.claim_lock_timeout)?,
-        max_body_bytes: in_range("api.max_body_bytes", api.max_body_bytes, 256, 16 << 20)?,
-        default_currency: currency,
+        listen: api_listen,
+        claim_lock_timeout: p.take(
+            timeout("api.claim_lock_timeout", &api.claim_lock_timeout),
+            d.claim_lock_timeout,
+        ),
+        max_body_bytes: p.take(
+            in_range("api.max_body_bytes", api.max_body_bytes, 256, 16 << 20),
+            d.max_body_bytes,
+        ),
+        default_currency,
         default_api_version: api.default_api_version,
-        rate_limit_per_second: in_range(
-            "api.rate_limit_per_second",
-            api.rate_limit_per_second,
-            1,
-            1_000_000,
-        )?,
-        rate_limit_burst: in_range("api.rate_limit_burst", api.rate_limit_burst, 1, 1_000_000)?,
+        rate_limit_per_second: p.take(
+            in_range(
+                "api.rate_limit_per_second",
+                api.rate_limit_per_second,
+                1,
+                1_000_000,
+            ),
+            d.rate_limit_per_second,
+        ),
+        rate_limit_burst: p.take(
+            in_range("api.rate_limit_burst", api.rate_limit_burst, 1, 1_000_000),
+            d.rate_limit_burst,
+        ),
         tokens_file: base_dir.join(&api.tokens_file),
-        max_connections: in_range("api.max_connections", api.max_connections, 1, 1_000_000)?,
-        header_read_timeout: timeout("api.header_read_timeout", &api.header_read_timeout)?,
-        idle_timeout: timeout("api.idle_timeout", &api.idle_timeout)?,
+        max_connections: p.take(
+            in_range("api.max_connections", api.max_connections, 1, 1_000_000),
+            d.max_connections,
+        ),
+        header_read_timeout: p.take(
+            timeout("api.header_read_timeout", &api.header_read_timeout),
+            d.header_read_timeout,
+        ),
+        idle_timeout: p.take(
+            timeout("api.idle_timeout", &api.idle_timeout),
+            d.idle_timeout,
+        ),
     };
 
+    let d = MetricsConfig::default();
+    let before = p.count();
+    let metrics_listen = p.take(socket_addr("metrics.listen", &metrics.listen), d.listen);
+    let metrics_listen_ok = p.count() == before;
     let metrics = MetricsConfig {
-        listen: socket_addr("metrics.listen", &metrics.listen)?,
-        max_connections: in_range(
-            "metrics.max_connections",
-            metrics.max_connections,
-            1,
-            1_000_000,
-        )?,
-        header_read_timeout: timeout("metrics.header_read_timeout", &metrics.header_read_timeout)?,
-        idle_timeout: timeout("metrics.idle_timeout", &metrics.idle_timeout)?,
+        listen: metrics_listen,
+        max_connections: p.take(
+            in_range(
+                "metrics.max_connections",
+                metrics.max_connections,
+                1,
+                1_000_000,
+            ),
+            d.max_connections,
+        ),
+        header_read_timeout: p.take(
+            timeout("metrics.header_read_timeout", &metrics.header_read_timeout),
+            d.header_read_timeout,
+        ),
+        idle_timeout: p.take(
+            timeout("metrics.idle_timeout", &metrics.idle_timeout),
+            d.idle_timeout,
+        ),
     };
-    if api.enabled && api.listen == metrics.listen {
-        return Err(ConfigError::Invalid {
+    if api_listen_ok && metrics_listen_ok && api.enabled && api.listen == metrics.listen {
+        p.push(ConfigError::Invalid {
             key: "metrics.listen",
             reason: format!("{} is also api.listen", metrics.listen),
         });
     }
 
-    let outbox = settings::validate(outbox, base_dir)?;
+    // The outbox section's own validation stops at its first problem.
+    let outbox = p.take(
+        settings::validate(outbox, base_dir),
+        OutboxConfig::default(),
+    );
 
-    Ok(Config {
+    problems.finish(Config {
         database,
         retention,
         cleanup,
@@ -1001,7 +1275,7 @@ mod tests {
             c.api.tokens_file,
             path.parent().unwrap().join("tokens.toml")
         );
-        assert_eq!(c.api.default_currency, "CNY");
+        assert_eq!(c.api.default_currency.code(), "CNY");
         assert_eq!(c.metrics, d.metrics);
         assert_eq!(
             (
@@ -1158,44 +1432,220 @@ mod tests {
         assert!(e.to_string().contains("expected an integer"), "{e}");
     }
 
+    /// `(key, change)` for every setting, built from typed values: what a reload would see
+    /// when exactly that key changed in the file.
+    type Change = (&'static str, fn(&mut Config));
+
+    fn one_change_per_key() -> Vec<Change> {
+        vec![
+            ("database.url", |c| {
+                c.database.url = DatabaseUrl::parse("postgresql://other@h/db").unwrap()
+            }),
+            ("database.schema", |c| c.database.schema = "other".into()),
+            ("database.pool_size", |c| c.database.pool_size = 3),
+            ("database.connect_timeout", |c| {
+                c.database.connect_timeout = Duration::from_secs(9)
+            }),
+            ("database.password_file", |c| {
+                c.database.password_file = Some("/run/pw".into())
+            }),
+            ("database.pooler", |c| {
+                c.database.pooler = Pooler::Transaction
+            }),
+            ("retention.replay_window", |c| {
+                c.retention.replay_window = Duration::from_secs(3600)
+            }),
+            ("retention.purge_tombstones_after", |c| {
+                c.retention.purge_tombstones_after = Some(Duration::from_secs(86400))
+            }),
+            ("retention.outbox_keep_delivered", |c| {
+                c.retention.outbox_keep_delivered = Some(Duration::from_secs(86400))
+            }),
+            ("cleanup.enabled", |c| c.cleanup.enabled = false),
+            ("cleanup.schedule", |c| {
+                c.cleanup.schedule = Schedule::parse("0 * * * *").unwrap()
+            }),
+            ("cleanup.batch_size", |c| c.cleanup.batch_size = 7),
+            ("cleanup.history_runs", |c| c.cleanup.history_runs = 3),
+            ("cleanup.lock_timeout", |c| {
+                c.cleanup.lock_timeout = Duration::from_secs(1)
+            }),
+            ("cleanup.statement_timeout", |c| {
+                c.cleanup.statement_timeout = Duration::from_secs(60)
+            }),
+            ("cleanup.on_locked", |c| {
+                c.cleanup.on_locked = OnLocked::Skip
+            }),
+            ("cleanup.max_run_time", |c| {
+                c.cleanup.max_run_time = Duration::from_secs(60)
+            }),
+            ("cleanup.pause_between_batches", |c| {
+                c.cleanup.pause_between_batches = Duration::from_secs(1)
+            }),
+            ("api.enabled", |c| c.api.enabled = false),
+            ("api.listen", |c| {
+                c.api.listen = SocketAddr::from(([127, 0, 0, 1], 1))
+            }),
+            ("api.claim_lock_timeout", |c| {
+                c.api.claim_lock_timeout = Duration::from_secs(3)
+            }),
+            ("api.max_body_bytes", |c| c.api.max_body_bytes = 256),
+            ("api.default_currency", |c| {
+                c.api.default_currency = Currency::parse("JPY").unwrap()
+            }),
+            ("api.default_api_version", |c| {
+                c.api.default_api_version = "0000-00-00".into()
+            }),
+            ("api.rate_limit_per_second", |c| {
+                c.api.rate_limit_per_second = 1
+            }),
+            ("api.rate_limit_burst", |c| c.api.rate_limit_burst = 1),
+            ("api.tokens_file", |c| {
+                c.api.tokens_file = "other.toml".into()
+            }),
+            ("api.max_connections", |c| c.api.max_connections = 7),
+            ("api.header_read_timeout", |c| {
+                c.api.header_read_timeout = Duration::from_secs(3)
+            }),
+            ("api.idle_timeout", |c| {
+                c.api.idle_timeout = Duration::from_secs(3)
+            }),
+            ("metrics.listen", |c| {
+                c.metrics.listen = SocketAddr::from(([127, 0, 0, 1], 2))
+            }),
+            ("metrics.max_connections", |c| c.metrics.max_connections = 7),
+            ("metrics.header_read_timeout", |c| {
+                c.metrics.header_read_timeout = Duration::from_secs(3)
+            }),
+            ("metrics.idle_timeout", |c| {
+                c.metrics.idle_timeout = Duration::from_secs(3)
+            }),
+            ("outbox.*", |c| c.outbox.batch_size = 7),
+        ]
+    }
+
+    /// The keys whose field docs in this file say "Reload: needs a restart", in file order.
+    fn documented_restart_keys() -> Vec<String> {
+        let source = include_str!("config.rs");
+        let mut keys = Vec::new();
+        for (section, name) in [
+            ("database", "DatabaseConfig"),
+            ("retention", "RetentionConfig"),
+            ("cleanup", "CleanupConfig"),
+            ("api", "ApiConfig"),
+            ("metrics", "MetricsConfig"),
+            ("config", "Config"),
+        ] {
+            let start = source.find(&format!("pub struct {name} {{")).unwrap();
+            let end = start + source[start..].find("\n}\n").unwrap();
+            let mut doc = String::new();
+            for line in source[start..end].lines().skip(1) {
+                let line = line.trim();
+                if let Some(text) = line.strip_prefix("///") {
+                    doc.push_str(text);
+                    doc.push(' ');
+                    continue;
+                }
+                let Some(field) = line.strip_prefix("pub ").and_then(|l| l.split(':').next())
+                else {
+                    continue;
+                };
+                let doc = std::mem::take(&mut doc);
+                let doc = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+                if section == "config" {
+                    if field == "outbox" {
+                        assert!(doc.contains("Reload: needs a restart"), "outbox: {doc}");
+                        keys.push("outbox.*".to_owned());
+                    }
+                    continue;
+                }
+                assert!(
+                    doc.contains("Default: "),
+                    "{section}.{field} names no default"
+                );
+                let restart = doc.contains("Reload: needs a restart");
+                assert!(
+                    restart || doc.contains("Reload: applied"),
+                    "{section}.{field} says neither whether a reload applies it"
+                );
+                if restart {
+                    keys.push(format!("{section}.{field}"));
+                }
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn restart_required_changes_is_what_the_field_docs_say() {
+        let running = Config::default();
+        let changes = one_change_per_key();
+        let documented = documented_restart_keys();
+        assert_eq!(documented.len(), 16, "{documented:?}");
+        for (key, change) in &changes {
+            let mut new = running.clone();
+            change(&mut new);
+            let expected: Vec<&str> = if documented.iter().any(|d| d == key) {
+                vec![key]
+            } else {
+                vec![]
+            };
+            assert_eq!(running.restart_required_changes(&new), expected, "{key}");
+            // A reload keeps the restart-only value and applies the rest.
+            let applied = running.reloaded(new.clone());
+            assert!(
+                running.restart_required_changes(&applied).is_empty(),
+                "{key}"
+            );
+            if expected.is_empty() {
+                assert_eq!(format!("{applied:?}"), format!("{new:?}"), "{key}");
+            }
+        }
+        // Every field is covered by a change above.
+        let fields: usize = documented_field_count();
+        assert_eq!(
+            changes.len(),
+            fields + 1,
+            "one change per key, outbox as one"
+        );
+    }
+
+    fn documented_field_count() -> usize {
+        let source = include_str!("config.rs");
+        [
+            "DatabaseConfig",
+            "RetentionConfig",
+            "CleanupConfig",
+            "ApiConfig",
+            "MetricsConfig",
+        ]
+        .iter()
+        .map(|name| {
+            let start = source.find(&format!("pub struct {name} {{")).unwrap();
+            let end = start + source[start..].find("\n}\n").unwrap();
+            source[start..end]
+                .lines()
+                .filter(|l| l.trim_start().starts_with("pub "))
+                .count()
+                - 1
+        })
+        .sum()
+    }
+
     #[test]
     fn a_reload_names_and_keeps_every_restart_only_setting() {
-        let running = Config::load_from(None, env(&[]), &[]).unwrap();
-        let changed = [
-            (
-                "TOMBSTONED_DATABASE_URL",
-                "postgresql://other@h/db",
-                "database.url",
-            ),
-            ("TOMBSTONED_DATABASE__SCHEMA", "other", "database.schema"),
-            ("TOMBSTONED_DATABASE__POOL_SIZE", "3", "database.pool_size"),
-            (
-                "TOMBSTONED_DATABASE__CONNECT_TIMEOUT",
-                "9s",
-                "database.connect_timeout",
-            ),
-            ("TOMBSTONED_API__ENABLED", "false", "api.enabled"),
-            ("TOMBSTONED_API__LISTEN", "127.0.0.1:1", "api.listen"),
-            (
-                "TOMBSTONED_METRICS__LISTEN",
-                "127.0.0.1:2",
-                "metrics.listen",
-            ),
-        ];
-        for (var, value, key) in changed {
-            let new = Config::load_from(None, env(&[(var, value)]), &[]).unwrap();
-            assert_eq!(running.restart_required_changes(&new), [key], "{var}");
+        let running = Config::default();
+        let mut new = running.clone();
+        let mut restart_keys = Vec::new();
+        for (key, change) in one_change_per_key() {
+            change(&mut new);
+            let mut alone = running.clone();
+            change(&mut alone);
+            if !running.restart_required_changes(&alone).is_empty() {
+                restart_keys.push(key);
+            }
         }
-        let every: Vec<(&str, &str)> = changed.iter().map(|(v, x, _)| (*v, *x)).collect();
-        let reloadable = [
-            ("TOMBSTONED_CLEANUP__BATCH_SIZE", "7"),
-            ("TOMBSTONED_RETENTION__REPLAY_WINDOW", "1h"),
-            ("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "3s"),
-        ];
-        let new =
-            Config::load_from(None, env(&[&every[..], &reloadable[..]].concat()), &[]).unwrap();
-        let keys: Vec<&str> = changed.iter().map(|(_, _, key)| *key).collect();
-        assert_eq!(running.restart_required_changes(&new), keys);
+        assert_eq!(running.restart_required_changes(&new), restart_keys);
         assert!(running
             .restart_required_changes(&running.clone())
             .is_empty());
@@ -1205,6 +1655,79 @@ mod tests {
         assert_eq!(applied.cleanup.batch_size, 7);
         assert_eq!(applied.retention.replay_window, Duration::from_secs(3600));
         assert_eq!(applied.api.claim_lock_timeout, Duration::from_secs(3));
+        assert_eq!(applied.api.default_currency.code(), "JPY");
+    }
+
+    #[test]
+    fn loading_nothing_gives_the_typed_defaults() {
+        let loaded = Config::load_from(None, env(&[]), &[]).unwrap();
+        assert_eq!(format!("{loaded:?}"), format!("{:?}", Config::default()));
+        // And the raw defaults read back as the typed ones, key by key, through the same
+        // validation a file takes.
+        let raw = toml::to_string(&RawConfig::default()).unwrap();
+        let f = file(&raw);
+        let from_file = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap();
+        let from_file = Config {
+            source: None,
+            api: ApiConfig {
+                tokens_file: PathBuf::from("tokens.toml"),
+                ..from_file.api
+            },
+            ..from_file
+        };
+        assert_eq!(format!("{from_file:?}"), format!("{:?}", Config::default()));
+    }
+
+    #[test]
+    fn validation_names_every_problem_at_once() {
+        let f = file(
+            "[database]\npool_size = 0\n[cleanup]\nbatch_size = 0\nlock_timeout = \"0s\"\n\
+             [api]\ndefault_currency = \"ZZZ\"\nlisten = \"localhost\"\n",
+        );
+        let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+        let ConfigError::Several(problems) = &e else {
+            panic!("{e:?}")
+        };
+        let keys: Vec<&str> = problems
+            .iter()
+            .map(|p| match p {
+                ConfigError::Invalid { key, .. } => *key,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "database.pool_size",
+                "cleanup.lock_timeout",
+                "cleanup.batch_size",
+                "api.default_currency",
+                "api.listen"
+            ]
+        );
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with("5 problems: invalid value for `database.pool_size`"),
+            "{shown}"
+        );
+        // A combined check does not pile onto a key already refused.
+        assert!(
+            !shown.contains("shorter than cleanup.statement_timeout"),
+            "{shown}"
+        );
+        // One problem stays the error it always was.
+        let f = file("[cleanup]\nbatch_size = 0\n");
+        let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::Invalid {
+                    key: "cleanup.batch_size",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -12,28 +12,35 @@
 //!
 //! * edge: [`cli`] — arguments, logging, one file per command, the error → exit status mapping
 //!   and the one error printer, the hidden `generate` of man pages and completions; only
-//!   `main.rs` uses it. [`stdout`] — printing that a closed pipe
+//!   `main.rs` uses it. `stdout` — printing that a closed pipe
 //!   ends quietly;
-//! * composition: [`daemon`] — `serve`: builds the services, signals, reload, ordered shutdown;
-//!   [`signals`] — SIGTERM/SIGINT as a graceful stop, a second one exits 130;
+//! * composition: `daemon` — `serve`: builds the services, signals, reload, ordered shutdown;
+//!   `signals` — SIGTERM/SIGINT as a graceful stop, a second one exits 130;
 //! * services: [`scheduler`] — when cleanup runs happen; [`cleanup`] — one run, its batch engine,
 //!   report, dry run, lease and statements; [`http`] — the HTTP API around [`claim`] (the
-//!   claim/replay protocol and its statements) and [`lookup`] (the read-only GET queries);
+//!   claim/replay protocol and its statements) and `lookup` (the read-only GET queries);
 //!   [`ops`] — the metrics/health listener, readiness, the watchdog policy and the sd_notify
 //!   transport; [`outbox`] — the relay that delivers `outbox_events` as signed webhooks, at least
 //!   once, in order per order, with dead letters and requeue; [`status`] — what `tombstoned
 //!   status` reads (lease, run history, backlog, lag) in one read-only snapshot;
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
 //!   one error text, shared statements, [`db::migrations`]; [`config`] — the configuration
-//!   validated into typed values; [`metrics`] — every Prometheus series; [`connections`] — the
+//!   validated into typed values; [`metrics`] — every Prometheus series; `connections` — the
 //!   HTTP server loop both listeners share (connection cap, header-read and idle timeouts,
-//!   bounded shutdown); [`fd_budget`] — fitting those caps into `RLIMIT_NOFILE`;
+//!   bounded shutdown); `fd_budget` — fitting those caps into `RLIMIT_NOFILE`;
 //! * pure core: [`instance`] — who this process is to other instances; [`schedule`] —
-//!   crontab(5) schedules; [`fingerprint`] — the intent's fingerprint; [`money`] — currencies and amounts; [`order_request`] — request validation; [`auth`] —
-//!   bearer tokens; [`exit`] — the exit statuses; [`toml_diagnostic`] — TOML errors told by
+//!   crontab(5) schedules; [`fingerprint`] — the intent's fingerprint; [`money`] — currencies
+//!   and amounts; [`order_request`] — request validation; [`auth`] — bearer tokens; [`exit`] —
+//!   the exit statuses; `toml_diagnostic` — TOML errors told by
 //!   line, column and key, never by the text;
-//! * to the side: [`demo`] — a scripted client of the real binary; [`pg_cluster`] — throwaway
-//!   PostgreSQL clusters for tests, the demo and benchmarks.
+//! * to the side: `demo` — a scripted client of the real binary (the default-on `demo`
+//!   feature); [`pg_cluster`] — throwaway PostgreSQL clusters for the demo, tests and
+//!   benchmarks (what only tests need is in the `tombstoned-testkit` crate, `testkit/`).
+//!
+//! The public surface is what `main.rs`, the tests, the benchmark and the testkit use; the
+//! modules only the crate itself uses (`daemon`, `signals`, `stdout`, `connections`,
+//! `fd_budget`, `lookup`, `toml_diagnostic`, `demo`) are `pub(crate)`. ARCHITECTURE.md has the
+//! layers and the rules `tests/architecture.rs` checks.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -42,16 +49,17 @@ pub mod claim;
 pub mod cleanup;
 pub mod cli;
 pub mod config;
-pub mod connections;
-pub mod daemon;
+pub(crate) mod connections;
+pub(crate) mod daemon;
 pub mod db;
-pub mod demo;
+#[cfg(feature = "demo")]
+pub(crate) mod demo;
 pub mod exit;
-pub mod fd_budget;
+pub(crate) mod fd_budget;
 pub mod fingerprint;
 pub mod http;
 pub mod instance;
-pub mod lookup;
+pub(crate) mod lookup;
 pub mod metrics;
 pub mod money;
 pub mod ops;
@@ -60,7 +68,7 @@ pub mod outbox;
 pub mod pg_cluster;
 pub mod schedule;
 pub mod scheduler;
-pub mod signals;
+pub(crate) mod signals;
 pub mod status;
-pub mod stdout;
-pub mod toml_diagnostic;
+pub(crate) mod stdout;
+pub(crate) mod toml_diagnostic;

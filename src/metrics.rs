@@ -524,7 +524,7 @@ mod tests {
             .render()
             .unwrap()
             .contains("tombstoned_db_pool_connections{"));
-        let config = crate::config::Config::load_from(None, Vec::new(), &[]).unwrap();
+        let config = crate::config::Config::default();
         // Built lazily: no connection is opened.
         let pool = crate::db::pool(
             &config.database,

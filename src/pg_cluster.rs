@@ -1,4 +1,5 @@
-//! Throwaway local PostgreSQL clusters, for the tests, `tombstoned demo` and the benchmarks.
+//! Throwaway local PostgreSQL clusters, for `tombstoned demo`, the tests and the benchmarks
+//! (what only the tests need on top is in the `tombstoned-testkit` crate).
 //!
 //! A cluster lives in a fresh temporary directory, listens on loopback only, trusts local
 //! connections, and is removed when its [`ThrowawayCluster`] is dropped — or when this process
@@ -418,31 +419,6 @@ fn free_port() -> Result<u16, ClusterError> {
         program: "a loopback listener (to find a free port)".into(),
         source,
     })
-}
-
-/// A libpq key=value connection string for `server`'s host, port and credentials on database
-/// `dbname` (tokio-postgres, libpq tools such as pgbench, and `TOMBSTONED_DATABASE_URL` all
-/// accept it).
-pub fn conninfo_for_database(server: &tokio_postgres::Config, dbname: &str) -> String {
-    use tokio_postgres::config::Host;
-    let mut parts = Vec::new();
-    if let Some(host) = server.get_hosts().first() {
-        match host {
-            Host::Tcp(h) => parts.push(format!("host={h}")),
-            Host::Unix(p) => parts.push(format!("host={}", p.display())),
-        }
-    }
-    if let Some(port) = server.get_ports().first() {
-        parts.push(format!("port={port}"));
-    }
-    if let Some(user) = server.get_user() {
-        parts.push(format!("user={user}"));
-    }
-    if let Some(pw) = server.get_password() {
-        parts.push(format!("password={}", String::from_utf8_lossy(pw)));
-    }
-    parts.push(format!("dbname={dbname}"));
-    parts.join(" ")
 }
 
 fn is_root() -> bool {

@@ -8,9 +8,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::cleanup::sql::{DRY_RUN_BEGIN as READ_ONLY_SNAPSHOT, DRY_RUN_END as END_SNAPSHOT};
 use crate::cleanup::{LeaseState, RecordedRun};
 use crate::config::DatabaseConfig;
-use crate::cleanup::sql::{DRY_RUN_BEGIN as READ_ONLY_SNAPSHOT, DRY_RUN_END as END_SNAPSHOT};
 use crate::db::{self, migrations, Conn, DbError};
 
 /// How many recent runs the report lists.
@@ -143,38 +143,42 @@ impl StatusReport {
     }
 }
 
-const BACKLOG: &str = "\
+/// The statements `status` reads with (schema-qualified ones through [`Conn`], which renders
+/// `{schema}`).
+mod sql {
+    pub(super) const BACKLOG: &str = "\
 SELECT count(*), min(replay_deadline), now()
 FROM {schema}.idempotency_records
 WHERE NOT expired AND replay_deadline <= now()";
 
-const INDEX_ESTIMATES: &str = "\
+    pub(super) const INDEX_ESTIMATES: &str = "\
 SELECT c.relname::text, c.reltuples::bigint
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1
   AND c.relname IN ('idempotency_records_due_idx', 'idempotency_records_purge_idx')";
 
-const REPLICATION_VISIBLE: &str = "\
+    pub(super) const REPLICATION_VISIBLE: &str = "\
 SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')
 FROM pg_roles WHERE rolname = current_user";
 
-const STANDBYS: &str = "\
+    pub(super) const STANDBYS: &str = "\
 SELECT coalesce(application_name, ''), client_addr::text, state, sync_state,
        extract(epoch FROM replay_lag)::float8
 FROM pg_stat_replication
 ORDER BY application_name, client_addr";
 
-const OUTBOX_PRESENT: &str = "\
+    pub(super) const OUTBOX_PRESENT: &str = "\
 SELECT count(*) = 2 FROM information_schema.columns
 WHERE table_schema = $1 AND table_name = 'outbox_events'
   AND column_name IN ('published_at', 'dead_lettered_at')";
 
-const OUTBOX_BACKLOG: &str = "\
+    pub(super) const OUTBOX_BACKLOG: &str = "\
 SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL),
        min(created_at) FILTER (WHERE dead_lettered_at IS NULL),
        count(*) FILTER (WHERE dead_lettered_at IS NOT NULL)
 FROM {schema}.outbox_events
 WHERE published_at IS NULL";
+}
 
 fn age_seconds(now: DateTime<Utc>, then: DateTime<Utc>) -> f64 {
     (now - then).num_milliseconds() as f64 / 1000.0
@@ -188,12 +192,13 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
         .await
         .map_err(StatusError::Connect)?;
     let conn = session.conn();
-    let migration_state = migrations::status(&conn, None)
-        .await
-        .map_err(|source| StatusError::Read {
-            step: "migrations",
-            source,
-        })?;
+    let migration_state =
+        migrations::status(&conn, None)
+            .await
+            .map_err(|source| StatusError::Read {
+                step: "migrations",
+                source,
+            })?;
     if let Some(problem) = migration_state.problem() {
         return Err(StatusError::SchemaNotCurrent(problem));
     }
@@ -214,7 +219,7 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
 
 async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, StatusError> {
     let row = client
-        .query_one(BACKLOG, &[])
+        .query_one(sql::BACKLOG, &[])
         .await
         .map_err(read_error("the backlog"))?;
     let read_at: DateTime<Utc> = row.try_get(2).map_err(read_error("the backlog"))?;
@@ -243,7 +248,7 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
         tombstones_estimate: None,
     };
     for row in client
-        .query(INDEX_ESTIMATES, &[&schema])
+        .query(sql::INDEX_ESTIMATES, &[&schema])
         .await
         .map_err(read_error("the index statistics"))?
     {
@@ -258,7 +263,7 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
     }
 
     let visible: bool = client
-        .query_opt(REPLICATION_VISIBLE, &[])
+        .query_opt(sql::REPLICATION_VISIBLE, &[])
         .await
         .map_err(read_error("the replication view"))?
         .map(|r| r.try_get::<_, Option<bool>>(0))
@@ -269,7 +274,7 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
     let mut standbys = Vec::new();
     if visible {
         for row in client
-            .query(STANDBYS, &[])
+            .query(sql::STANDBYS, &[])
             .await
             .map_err(read_error("the replication view"))?
         {
@@ -285,13 +290,13 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
     }
 
     let outbox_present: bool = client
-        .query_one(OUTBOX_PRESENT, &[&schema])
+        .query_one(sql::OUTBOX_PRESENT, &[&schema])
         .await
         .and_then(|r| r.try_get(0))
         .map_err(read_error("the outbox columns"))?;
     let outbox = if outbox_present {
         let row = client
-            .query_one(OUTBOX_BACKLOG, &[])
+            .query_one(sql::OUTBOX_BACKLOG, &[])
             .await
             .map_err(read_error("the outbox backlog"))?;
         let get = |e| read_error("the outbox backlog")(e);

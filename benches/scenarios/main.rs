@@ -22,7 +22,6 @@ mod cpu;
 mod daemon;
 mod http_load;
 mod pgbench;
-mod pgbench_scripts;
 mod replays;
 mod report;
 mod seed;
@@ -32,6 +31,8 @@ mod storage;
 
 use std::path::PathBuf;
 use std::time::Instant;
+
+use tombstoned_testkit::pgbench_scripts;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;

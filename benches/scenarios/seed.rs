@@ -25,7 +25,7 @@ pub const API_VERSION: &str = "2026-12-01";
 /// Replay window of the seeded records (the default 24 h): `created_at = deadline - window`.
 pub const WINDOW: &str = "24 hours";
 /// Keys of the decimal-key replay set start above this (pgbench can only make integers).
-pub use crate::pgbench_scripts::DECIMAL_KEY_BASE;
+pub use tombstoned_testkit::pgbench_scripts::DECIMAL_KEY_BASE;
 
 const ITEMS: [&str; 4] = [
     "Ergonomic mesh office chair with adjustable lumbar support, black",

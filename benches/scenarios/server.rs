@@ -151,7 +151,7 @@ impl Server {
     /// A key=value connection string for database `dbname` (libpq, tokio-postgres, pgbench and
     /// `TOMBSTONED_DATABASE_URL` all accept it).
     pub fn url(&self, dbname: &str) -> String {
-        tombstoned::pg_cluster::conninfo_for_database(&self.admin, dbname)
+        tombstoned_testkit::cluster::conninfo_for_database(&self.admin, dbname)
     }
 
     /// A session on the maintenance database.

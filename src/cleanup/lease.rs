@@ -165,7 +165,10 @@ impl Lease {
         super::bounded(
             cleanup.statement_timeout,
             "preparing the lease renewal",
-            conn.prepare(sql::RENEW_LEASE, &db::statement::types_of(&self.renewal_params())),
+            conn.prepare(
+                sql::RENEW_LEASE,
+                &db::statement::types_of(&self.renewal_params()),
+            ),
         )
         .await
     }
@@ -178,14 +181,18 @@ impl Lease {
     /// Renews the lease in a transaction of its own, for code that waits between batches longer
     /// than a batch takes (a throttle): `Err` with [`ErrorClass::LeaseLost`] when another run
     /// has it.
-    pub async fn renew(&self, conn: &Conn<'_>, cleanup: &CleanupConfig) -> Result<(), CleanupError> {
+    pub async fn renew(
+        &self,
+        conn: &Conn<'_>,
+        cleanup: &CleanupConfig,
+    ) -> Result<(), CleanupError> {
         short_transaction(conn, cleanup, sql::RENEW_LEASE, &self.renewal_params())
-        .await
-        .map(drop)
-        .map_err(|source| CleanupError::Database {
-            step: "renewing the cleanup lease",
-            source,
-        })
+            .await
+            .map(drop)
+            .map_err(|source| CleanupError::Database {
+                step: "renewing the cleanup lease",
+                source,
+            })
     }
 }
 
@@ -235,10 +242,7 @@ pub struct LeaseState {
 impl LeaseState {
     /// Reads the lease (`None`: never taken in this schema).
     pub async fn read(conn: &Conn<'_>) -> Result<Option<LeaseState>, tokio_postgres::Error> {
-        let Some(row) = conn
-            .query_opt(sql::LEASE_STATE, &[&LEASE_NAME])
-            .await?
-        else {
+        let Some(row) = conn.query_opt(sql::LEASE_STATE, &[&LEASE_NAME]).await? else {
             return Ok(None);
         };
         Ok(Some(LeaseState {

@@ -149,10 +149,7 @@ pub async fn run_leased(
         Ok(Some(lease)) => lease,
         Ok(None) => {
             meter.skipped_for_lease();
-            let state = LeaseState::read(&conn)
-                .await
-                .ok()
-                .flatten();
+            let state = LeaseState::read(&conn).await.ok().flatten();
             tracing::info!(
                 holder = state.as_ref().map(|s| s.holder.as_str()),
                 "another instance holds the cleanup lease; run skipped"
@@ -335,9 +332,14 @@ impl Run<'_> {
             }
         }
 
-        let (backlog_rows, oldest_due_deadline) =
-            backlog(&conn, &statement_timeout, cutoff, tombstoning.left.ranges(), bound)
-                .await?;
+        let (backlog_rows, oldest_due_deadline) = backlog(
+            &conn,
+            &statement_timeout,
+            cutoff,
+            tombstoning.left.ranges(),
+            bound,
+        )
+        .await?;
         let duration = started.elapsed();
         let stopped_by = stopped.unwrap_or(StopReason::Finished);
         let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
@@ -406,7 +408,12 @@ async fn backlog(
         let row = super::bounded(
             bound,
             "counting the backlog",
-            in_own_transaction(conn, statement_timeout, sql::DUE_IN_RANGE, &[&range.from, &to]),
+            in_own_transaction(
+                conn,
+                statement_timeout,
+                sql::DUE_IN_RANGE,
+                &[&range.from, &to],
+            ),
         )
         .await?;
         let count: i64 = row

@@ -11,6 +11,8 @@ use clap_complete::Shell;
 use clap_mangen::roff::{bold, roman, Roff};
 use clap_mangen::Man;
 
+use crate::exit::Exit;
+
 /// `tombstoned generate`
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
@@ -259,37 +261,6 @@ fn see_also(roff: &mut Roff, pages: &[String]) {
     roff.text(inlines);
 }
 
-/// The exit statuses of every command (`cli::Exit`, after sysexits.h).
-const EXIT_STATUSES: &[(&str, &str)] = &[
-    ("0", "Success."),
-    (
-        "2",
-        "status --max-age: the last successful cleanup run finished longer ago than that, or \
-         none is recorded (like a Nagios CRITICAL).",
-    ),
-    (
-        "64",
-        "Bad usage or configuration (EX_USAGE): an unknown flag or key, an invalid value, an \
-         unusable tokens file, a listener that cannot bind. Restarting cannot fix it.",
-    ),
-    (
-        "69",
-        "The database is unavailable, or its schema is not current (EX_UNAVAILABLE): run \
-         tombstoned migrate, or wait for the database.",
-    ),
-    ("70", "Internal error (EX_SOFTWARE)."),
-    (
-        "75",
-        "Temporary refusal (EX_TEMPFAIL): cleanup found another instance holding the cleanup \
-         lease; nothing was done and that is not a failure.",
-    ),
-    (
-        "130",
-        "A second SIGINT or SIGTERM arrived during a graceful stop: exit at once, open \
-         transactions roll back.",
-    ),
-];
-
 fn main_page(commands: &[String]) -> Extra {
     let mut description = Roff::new();
     heading(&mut description, "DESCRIPTION");
@@ -310,8 +281,8 @@ fn main_page(commands: &[String]) -> Extra {
     );
     let mut roff = Roff::new();
     heading(&mut roff, "EXIT STATUS");
-    for (status, meaning) in EXIT_STATUSES {
-        item(&mut roff, status, meaning);
+    for exit in Exit::ALL {
+        item(&mut roff, &exit.code().to_string(), exit.meaning());
     }
     heading(&mut roff, "ENVIRONMENT");
     for (variable, meaning) in [

@@ -5,6 +5,7 @@
 
 mod check_config;
 mod cleanup;
+#[cfg(feature = "demo")]
 mod demo;
 pub mod generate;
 mod migrate;
@@ -64,6 +65,7 @@ pub enum Command {
     /// Show the cleanup lease, the last runs, the backlog and replication lag; a monitoring check.
     Status(StatusArgs),
     /// Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step.
+    #[cfg(feature = "demo")]
     Demo(DemoArgs),
     /// Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters.
     #[command(subcommand)]
@@ -118,6 +120,7 @@ pub struct MigrateArgs {
 }
 
 /// `tombstoned demo`
+#[cfg(feature = "demo")]
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Leave the throwaway cluster and daemon running at the end (until Ctrl-C).
@@ -139,11 +142,14 @@ pub fn main() -> ExitCode {
         }
     };
     // The demo's story is on stdout; its own logs (migrations applied, ...) would interleave.
+    #[cfg(feature = "demo")]
     let default_level = if matches!(cli.command, Command::Demo(_)) {
         "warn"
     } else {
         "info"
     };
+    #[cfg(not(feature = "demo"))]
+    let default_level = "info";
     init_logging(cli.log_format, default_level);
     match run(cli) {
         Ok(exit) => exit.into(),
@@ -281,6 +287,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         stdout::print(&written)?;
         return Ok(Exit::Success);
     }
+    #[cfg(feature = "demo")]
     if let Command::Demo(args) = cli.command {
         // The demo makes its own configuration around a throwaway cluster.
         return runtime()?.block_on(demo::run(args));
@@ -293,7 +300,9 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
         Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
         Command::Status(args) => runtime()?.block_on(status::run(&config, &args)),
-        Command::Demo(_) | Command::Generate(_) => unreachable!("handled above"),
+        #[cfg(feature = "demo")]
+        Command::Demo(_) => unreachable!("handled above"),
+        Command::Generate(_) => unreachable!("handled above"),
     }
 }
 

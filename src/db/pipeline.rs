@@ -97,8 +97,13 @@ impl Pipelined<'_> {
         settings: &[&dyn Param],
         params: &[&dyn Param],
     ) -> Result<Row, PipelineFailure> {
-        self.run(client, settings, None, self.statement.query_one(client, params))
-            .await
+        self.run(
+            client,
+            settings,
+            None,
+            self.statement.query_one(client, params),
+        )
+        .await
     }
 
     /// Runs the transaction; the number of rows the statement changed.
@@ -108,8 +113,13 @@ impl Pipelined<'_> {
         settings: &[&dyn Param],
         params: &[&dyn Param],
     ) -> Result<u64, PipelineFailure> {
-        self.run(client, settings, None, self.statement.execute(client, params))
-            .await
+        self.run(
+            client,
+            settings,
+            None,
+            self.statement.execute(client, params),
+        )
+        .await
     }
 
     /// [`Pipelined::query_one`] with `guard` run between the settings and the statement: when

@@ -26,6 +26,10 @@ pub const BEGIN_READ_ONLY: &str = "BEGIN ISOLATION LEVEL READ COMMITTED READ ONL
 pub const READ_ONLY_CHECK: &str =
     "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
 
+/// The cheapest statement a server answers: readiness sends it (simple protocol) to see a pooled
+/// connection is alive.
+pub const PING: &str = "SELECT 1";
+
 /// Ends a transaction; a ROLLBACK when a statement in it failed.
 pub const COMMIT: &str = "COMMIT";
 

@@ -17,7 +17,6 @@ use crate::config::{Config, DatabaseConfig};
 use crate::connections::ConnectionLimits;
 use crate::db;
 use crate::metrics::Metrics;
-use crate::money::Currency;
 use crate::ops::request_health::RequestHealth;
 use crate::order_request::RequestDefaults;
 
@@ -194,10 +193,6 @@ fn build_live(config: &Config, current: Option<&Live>) -> Result<Live, ApiError>
         Some(c) if c.rate == rate => Arc::clone(&c.limiter),
         _ => Arc::new(Limiter::keyed(quota(rate))),
     };
-    let currency = Currency::parse(&api.default_currency).map_err(|e| ApiError::Config {
-        key: "api.default_currency",
-        reason: format!("{} {e}", api.default_currency),
-    })?;
     Ok(Live {
         tokens,
         limiter,
@@ -208,7 +203,9 @@ fn build_live(config: &Config, current: Option<&Live>) -> Result<Live, ApiError>
             schema: config.database.schema.clone(),
         },
         max_body_bytes: api.max_body_bytes,
-        defaults: RequestDefaults { currency },
+        defaults: RequestDefaults {
+            currency: api.default_currency,
+        },
         default_api_version: api.default_api_version.clone(),
         tokens_file: api.tokens_file.clone(),
         body_read_timeout: api.header_read_timeout,

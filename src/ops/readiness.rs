@@ -352,8 +352,8 @@ async fn probe_pool(pool: &Pool, bound: Duration) -> Result<(), NotReady> {
     };
     match db::deadline::within(
         bound,
-        "SELECT 1 on a pooled connection",
-        client.simple_query("SELECT 1"),
+        "a ping on a pooled connection",
+        client.simple_query(db::sql::PING),
     )
     .await
     {

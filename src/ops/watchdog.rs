@@ -251,7 +251,7 @@ mod tests {
 
     fn config() -> Config {
         // Shipped defaults: max_run_time 4m, statement_timeout 30s, connect_timeout 5s, no pause.
-        Config::load_from(None, Vec::new(), &[]).unwrap()
+        Config::default()
     }
 
     const SECOND: Duration = Duration::from_secs(1);

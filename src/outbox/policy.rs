@@ -128,15 +128,16 @@ pub fn backoff(attempts: u32, config: &OutboxConfig, random: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, MaxAttempts};
+    use crate::config::MaxAttempts;
 
     fn config(jitter: f64, max: MaxAttempts) -> OutboxConfig {
-        let mut c = Config::load_from(None, Vec::new(), &[]).unwrap().outbox;
-        c.backoff_initial = Duration::from_secs(1);
-        c.backoff_max = Duration::from_secs(60);
-        c.backoff_jitter = jitter;
-        c.max_attempts = max;
-        c
+        OutboxConfig {
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+            backoff_jitter: jitter,
+            max_attempts: max,
+            ..OutboxConfig::default()
+        }
     }
 
     #[test]

@@ -554,11 +554,10 @@ fn millis(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
 
     #[test]
     fn failure_pauses_grow_from_the_poll_interval_to_a_cap() {
-        let c = Config::load_from(None, Vec::new(), &[]).unwrap().outbox;
+        let c = OutboxConfig::default();
         assert_eq!(failure_pause(1, &c), Duration::from_secs(1));
         assert_eq!(failure_pause(3, &c), Duration::from_secs(4));
         assert_eq!(failure_pause(50, &c), MAX_FAILURE_PAUSE);

@@ -39,38 +39,65 @@ impl fmt::Display for MaxAttempts {
     }
 }
 
-/// `[outbox]`: the relay that delivers `outbox_events` to a webhook endpoint.
+/// `[outbox]`: the relay that delivers `outbox_events` to a webhook endpoint. Every key needs a
+/// restart of `serve` (the relay runs with the settings it started with); each
+/// `tombstoned outbox` command reads them afresh.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxConfig {
     /// Whether `serve` runs the relay. `tombstoned outbox deliver` runs regardless.
+    /// Default: false.
     pub enabled: bool,
-    /// Where events are POSTed (`http` or `https`); required when enabled.
+    /// Where events are POSTed (`http` or `https`); required when enabled. Default: none.
     pub endpoint: Option<Url>,
     /// The file holding the shared `whsec_...` secret, resolved against the configuration
-    /// file's directory; required when enabled.
+    /// file's directory; required when enabled. Default: none.
     pub secret_file: Option<PathBuf>,
     /// PEM certificates to trust instead of the system roots for an `https` endpoint.
+    /// Default: none (the system roots).
     pub ca_file: Option<PathBuf>,
-    /// Events leased by one pick transaction.
+    /// Events leased by one pick transaction. Default: 100.
     pub batch_size: u32,
-    /// HTTP deliveries in flight at once.
+    /// HTTP deliveries in flight at once. Default: 4.
     pub concurrency: usize,
-    /// Bound on one delivery attempt, connect to the end of the response.
+    /// Bound on one delivery attempt, connect to the end of the response. Default: 10s.
     pub request_timeout: Duration,
-    /// How long a pick leases its events; at least twice `request_timeout`.
+    /// How long a pick leases its events; at least twice `request_timeout`. Default: 60s.
     pub lease_duration: Duration,
-    /// When a permanently refused event becomes a dead letter.
+    /// When a permanently refused event becomes a dead letter. Default: 10.
     pub max_attempts: MaxAttempts,
-    /// The delay before the first retry; doubles per attempt.
+    /// The delay before the first retry; doubles per attempt. Default: 1s.
     pub backoff_initial: Duration,
-    /// The longest delay between attempts.
+    /// The longest delay between attempts. Default: 5m.
     pub backoff_max: Duration,
     /// Up to this fraction of each delay is taken off at random (0 = none, 1 = "full jitter").
+    /// Default: 0.2.
     pub backoff_jitter: f64,
-    /// How long the relay waits before looking again when nothing was due.
+    /// How long the relay waits before looking again when nothing was due. Default: 1s.
     pub poll_interval: Duration,
     /// On shutdown, how long deliveries in flight may take before they are abandoned.
+    /// Default: 5s.
     pub shutdown_grace: Duration,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            endpoint: None,
+            secret_file: None,
+            ca_file: None,
+            batch_size: 100,
+            concurrency: 4,
+            request_timeout: Duration::from_secs(10),
+            lease_duration: Duration::from_secs(60),
+            max_attempts: MaxAttempts::Limit(10),
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(5 * 60),
+            backoff_jitter: 0.2,
+            poll_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
 }
 
 impl OutboxConfig {
@@ -121,24 +148,28 @@ pub(crate) struct RawOutbox {
     shutdown_grace: String,
 }
 
+/// The file-shaped defaults, written out from [`OutboxConfig::default`].
 impl Default for RawOutbox {
     fn default() -> Self {
+        let d = OutboxConfig::default();
+        let path = |p: Option<PathBuf>| p.map(|p| p.display().to_string()).unwrap_or_default();
+        let text = |d: Duration| humantime::format_duration(d).to_string();
         Self {
-            enabled: false,
-            endpoint: String::new(),
-            secret_file: String::new(),
-            ca_file: String::new(),
-            batch_size: 100,
-            concurrency: 4,
-            request_timeout: "10s".into(),
-            lease_duration: "60s".into(),
+            enabled: d.enabled,
+            endpoint: d.endpoint.map(|u| u.to_string()).unwrap_or_default(),
+            secret_file: path(d.secret_file),
+            ca_file: path(d.ca_file),
+            batch_size: i64::from(d.batch_size),
+            concurrency: i64::try_from(d.concurrency).unwrap_or(i64::MAX),
+            request_timeout: text(d.request_timeout),
+            lease_duration: text(d.lease_duration),
             // A string so that TOMBSTONED_OUTBOX__MAX_ATTEMPTS=forever is accepted too.
-            max_attempts: RawMaxAttempts::Text("10".into()),
-            backoff_initial: "1s".into(),
-            backoff_max: "5m".into(),
-            backoff_jitter: 0.2,
-            poll_interval: "1s".into(),
-            shutdown_grace: "5s".into(),
+            max_attempts: RawMaxAttempts::Text(d.max_attempts.to_string()),
+            backoff_initial: text(d.backoff_initial),
+            backoff_max: text(d.backoff_max),
+            backoff_jitter: d.backoff_jitter,
+            poll_interval: text(d.poll_interval),
+            shutdown_grace: text(d.shutdown_grace),
         }
     }
 }

@@ -575,7 +575,7 @@ async fn reload_applies_settings() {
     let api = TestApi::start().await;
     let mut config = api.config.clone();
     config.api.max_body_bytes = 256;
-    config.api.default_currency = "JPY".into();
+    config.api.default_currency = tombstoned::money::Currency::parse("JPY").unwrap();
     api.state.reload(&config).unwrap();
     let mut padded = order("req-1");
     padded["metadata"] = json!({"pad": "x".repeat(300)});

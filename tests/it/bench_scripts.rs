@@ -1,9 +1,7 @@
 //! The benchmark's pgbench scripts (`bench/pgbench/*.sql`) run the product's own claim and
 //! replay statements (`tombstoned::claim::sql`): regenerate them when a statement changes.
 
-#[allow(dead_code)] // the benchmark uses more of this module than the check does
-#[path = "../../benches/scenarios/pgbench_scripts.rs"]
-mod pgbench_scripts;
+use tombstoned_testkit::pgbench_scripts;
 
 #[test]
 fn pgbench_scripts_are_the_claim_statements() {

@@ -912,7 +912,14 @@ async fn cli_run_prints_its_report_and_respects_the_lease() {
     assert_eq!(held.status.code(), Some(75), "{held:?}");
     assert!(String::from_utf8_lossy(&held.stderr).contains("holds the cleanup lease"));
     assert_eq!(counts(&client).await.0, 0);
-    assert!(lease.release(&tombstoned::db::Conn::dedicated(&holder, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap());
+    assert!(lease
+        .release(&tombstoned::db::Conn::dedicated(
+            &holder,
+            SCHEMA,
+            tombstoned::db::Pooler::None
+        ))
+        .await
+        .unwrap());
 
     let json = tokio::process::Command::new(binary())
         .args([

@@ -328,11 +328,15 @@ async fn sigterm_during_a_cleanup_run_commits_whole_batches_releases_the_lease_a
 
     // The lease is free, and its sessions are gone.
     assert!(
-        !tombstoned::cleanup::LeaseState::read(&tombstoned::db::Conn::dedicated(&client, "tombstoned", tombstoned::db::Pooler::None))
-            .await
-            .unwrap()
-            .expect("the run took the lease row")
-            .held,
+        !tombstoned::cleanup::LeaseState::read(&tombstoned::db::Conn::dedicated(
+            &client,
+            "tombstoned",
+            tombstoned::db::Pooler::None
+        ))
+        .await
+        .unwrap()
+        .expect("the run took the lease row")
+        .held,
         "the cleanup lease is still held after shutdown"
     );
     wait_until_gone(&client, "tombstoned/cleanup").await;

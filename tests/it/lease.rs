@@ -39,7 +39,12 @@ async fn leased_run(config: &Config) -> Result<LeasedRun, cleanup::CleanupError>
 }
 
 async fn history(observer: &Client) -> Vec<RecordedRun> {
-    RecordedRun::recent(&tombstoned::db::Conn::dedicated(observer, SCHEMA, tombstoned::db::Pooler::None), 1000).await.unwrap()
+    RecordedRun::recent(
+        &tombstoned::db::Conn::dedicated(observer, SCHEMA, tombstoned::db::Pooler::None),
+        1000,
+    )
+    .await
+    .unwrap()
 }
 
 /// Two takers blocked on the same expired lease row, released at once: exactly one wins. And
@@ -55,10 +60,14 @@ async fn of_concurrent_takers_exactly_one_wins() {
         let client = db.client().await;
         let cleanup = config.cleanup.clone();
         fresh.push(tokio::spawn(async move {
-            cleanup::Lease::try_acquire(&tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None), &cleanup, &format!("fresh:{i}:0"))
-                .await
-                .unwrap()
-                .is_some()
+            cleanup::Lease::try_acquire(
+                &tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None),
+                &cleanup,
+                &format!("fresh:{i}:0"),
+            )
+            .await
+            .unwrap()
+            .is_some()
         }));
     }
     let mut won = 0;
@@ -84,9 +93,13 @@ async fn of_concurrent_takers_exactly_one_wins() {
         let taker_pid = pid(&client).await;
         let cleanup = config.cleanup.clone();
         takers.push(tokio::spawn(async move {
-            let lease = cleanup::Lease::try_acquire(&tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None), &cleanup, name)
-                .await
-                .unwrap();
+            let lease = cleanup::Lease::try_acquire(
+                &tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None),
+                &cleanup,
+                name,
+            )
+            .await
+            .unwrap();
             lease.map(|l| l.holder().to_owned())
         }));
         wait_until_lock_wait(&observer, taker_pid, BARRIER).await;
@@ -111,28 +124,64 @@ async fn renewal_by_a_non_holder_fails_and_an_expired_lease_is_taken() {
     let (a, b) = (db.client().await, db.client().await);
     let first = take_lease(&a, &config, "host-a:1:aaaaaaaa").await;
     assert!(
-        cleanup::Lease::try_acquire(&tombstoned::db::Conn::dedicated(&b, SCHEMA, tombstoned::db::Pooler::None), &config.cleanup, "host-b:2:bbbbbbbb")
-            .await
-            .unwrap()
-            .is_none(),
+        cleanup::Lease::try_acquire(
+            &tombstoned::db::Conn::dedicated(&b, SCHEMA, tombstoned::db::Pooler::None),
+            &config.cleanup,
+            "host-b:2:bbbbbbbb"
+        )
+        .await
+        .unwrap()
+        .is_none(),
         "a held lease was taken"
     );
-    first.renew(&tombstoned::db::Conn::dedicated(&a, SCHEMA, tombstoned::db::Pooler::None), &config.cleanup).await.unwrap();
+    first
+        .renew(
+            &tombstoned::db::Conn::dedicated(&a, SCHEMA, tombstoned::db::Pooler::None),
+            &config.cleanup,
+        )
+        .await
+        .unwrap();
 
     expire_lease(&a).await;
     let second = take_lease(&b, &config, "host-b:2:bbbbbbbb").await;
     assert!(second.expires_at() > second.acquired_at());
-    let err = first.renew(&tombstoned::db::Conn::dedicated(&a, SCHEMA, tombstoned::db::Pooler::None), &config.cleanup).await.unwrap_err();
+    let err = first
+        .renew(
+            &tombstoned::db::Conn::dedicated(&a, SCHEMA, tombstoned::db::Pooler::None),
+            &config.cleanup,
+        )
+        .await
+        .unwrap_err();
     assert_eq!(err.class(), ErrorClass::LeaseLost, "{}", err.summary());
     assert!(
-        !first.release(&tombstoned::db::Conn::dedicated(&a, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap(),
+        !first
+            .release(&tombstoned::db::Conn::dedicated(
+                &a,
+                SCHEMA,
+                tombstoned::db::Pooler::None
+            ))
+            .await
+            .unwrap(),
         "released another's lease"
     );
-    second.renew(&tombstoned::db::Conn::dedicated(&b, SCHEMA, tombstoned::db::Pooler::None), &config.cleanup).await.unwrap();
+    second
+        .renew(
+            &tombstoned::db::Conn::dedicated(&b, SCHEMA, tombstoned::db::Pooler::None),
+            &config.cleanup,
+        )
+        .await
+        .unwrap();
     let state = lease_state(&a).await.unwrap();
     assert!(state.held);
     assert_eq!(state.holder, "host-b:2:bbbbbbbb");
-    assert!(second.release(&tombstoned::db::Conn::dedicated(&b, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap());
+    assert!(second
+        .release(&tombstoned::db::Conn::dedicated(
+            &b,
+            SCHEMA,
+            tombstoned::db::Pooler::None
+        ))
+        .await
+        .unwrap());
     assert_lease_free(&a).await;
 }
 
@@ -352,10 +401,13 @@ async fn v3_upgrades_a_populated_database_in_place() {
     let applied = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [3]);
     assert_eq!(checksum(&client).await, before, "V3 changed existing rows");
-    assert!(migrations::status(&tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None), None)
-        .await
-        .unwrap()
-        .is_current());
+    assert!(migrations::status(
+        &tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None),
+        None
+    )
+    .await
+    .unwrap()
+    .is_current());
 
     let Ok(LeasedRun::Ran(report)) = leased_run(&config).await else {
         panic!("no leased run after the upgrade")

@@ -9,7 +9,6 @@ mod api_openapi;
 mod api_support;
 mod bench_scripts;
 mod cleanup;
-mod cleanup_support;
 mod cli;
 mod config_hostile;
 mod conn_support;
@@ -22,7 +21,6 @@ mod db_faults;
 mod demo;
 mod dist;
 mod error_text;
-mod harness;
 mod lease;
 mod multihost;
 mod ops_server;
@@ -40,3 +38,19 @@ mod security;
 mod silent_proxy;
 mod status;
 mod tls;
+
+/// The shared harness (`tombstoned_testkit::harness`), plus the binary only this package's tests
+/// can name.
+mod harness {
+    pub use tombstoned_testkit::harness::*;
+
+    /// The `tombstoned` binary built for these tests.
+    pub fn binary() -> &'static str {
+        env!("CARGO_BIN_EXE_tombstoned")
+    }
+}
+
+/// Row factories, checksums and barriers of the cleanup tests.
+mod cleanup_support {
+    pub use tombstoned_testkit::cleanup_support::*;
+}

@@ -192,7 +192,14 @@ async fn a_fire_is_skipped_and_recorded_while_another_session_holds_the_lease() 
         "other-host:4242:0badcafe",
         "a skipped fire must not take the lease"
     );
-    assert!(lease.release(&tombstoned::db::Conn::dedicated(&holder, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap());
+    assert!(lease
+        .release(&tombstoned::db::Conn::dedicated(
+            &holder,
+            SCHEMA,
+            tombstoned::db::Pooler::None
+        ))
+        .await
+        .unwrap());
     let ran = running
         .until("a run after the lease is free", |s| {
             s.last_run
@@ -350,9 +357,12 @@ async fn two_schedulers_on_one_database_never_clean_at_the_same_time() {
     first.stop().await;
     second.stop().await;
 
-    let runs = tombstoned::cleanup::RecordedRun::recent(&tombstoned::db::Conn::dedicated(&observer, SCHEMA, tombstoned::db::Pooler::None), 1000)
-        .await
-        .unwrap();
+    let runs = tombstoned::cleanup::RecordedRun::recent(
+        &tombstoned::db::Conn::dedicated(&observer, SCHEMA, tombstoned::db::Pooler::None),
+        1000,
+    )
+    .await
+    .unwrap();
     let mut intervals: Vec<_> = runs.iter().map(|r| (r.started_at, r.finished_at)).collect();
     intervals.sort();
     for pair in intervals.windows(2) {

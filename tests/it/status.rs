@@ -90,7 +90,14 @@ async fn status_shows_the_lease_the_runs_and_the_backlog_as_text_and_json() {
         lease_state(&observer).await.unwrap().holder,
         "other-host:4242:0badcafe"
     );
-    assert!(lease.release(&tombstoned::db::Conn::dedicated(&holder, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap());
+    assert!(lease
+        .release(&tombstoned::db::Conn::dedicated(
+            &holder,
+            SCHEMA,
+            tombstoned::db::Pooler::None
+        ))
+        .await
+        .unwrap());
 }
 
 #[tokio::test]

@@ -7,17 +7,29 @@
 //! tests of `tests/it` (lock-timeout margins), nor they it. The fault tests that stop or restart
 //! PostgreSQL start a cluster of their own ([`daemon::OwnCluster`]).
 
-#[path = "../it/cleanup_support.rs"]
-mod cleanup_support;
 mod daemon;
 mod faults;
-#[path = "../it/harness.rs"]
-mod harness;
 mod hostile;
 mod ledger;
 mod load;
 mod security;
 mod stress;
+
+/// The shared harness (`tombstoned_testkit::harness`), plus the binary only this package's tests
+/// can name.
+mod harness {
+    pub use tombstoned_testkit::harness::*;
+
+    /// The `tombstoned` binary built for these tests.
+    pub fn binary() -> &'static str {
+        env!("CARGO_BIN_EXE_tombstoned")
+    }
+}
+
+/// Row factories, checksums and barriers of the cleanup tests.
+mod cleanup_support {
+    pub use tombstoned_testkit::cleanup_support::*;
+}
 
 /// Writes a figures file under `target/tmp/reliability/` (CI prints them) and to stdout.
 pub fn publish_figures(name: &str, text: &str) {

@@ -7,8 +7,6 @@
 //! seeing each other's rows. With the variable set, it does the same on that server (the URL
 //! must name a role allowed to create databases); test databases are named `tombstoned_test_*`.
 
-#![allow(dead_code)] // each test module uses a different subset
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -16,7 +14,9 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 use tombstoned::config::Config;
 use tombstoned::db::migrations;
-use tombstoned::pg_cluster::{conninfo_for_database, ClusterOptions, ThrowawayCluster};
+use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+
+use crate::cluster::conninfo_for_database;
 
 struct Harness {
     admin: tokio_postgres::Config,
@@ -218,9 +218,4 @@ async fn wait_until(observer: &Client, timeout: Duration, sql: &str, pid: i32) -
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// The `tombstoned` binary built for these tests.
-pub fn binary() -> &'static str {
-    env!("CARGO_BIN_EXE_tombstoned")
 }

@@ -1,8 +1,6 @@
 //! Helpers for the cleanup and scheduler tests: seeding records with plain SQL, table checksums,
 //! replay-reader sessions that hold row locks, and barriers on `pg_stat_activity`.
 
-#![allow(dead_code)] // each test module uses a different subset
-
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
@@ -332,7 +330,13 @@ pub const SCHEMA: &str = "tombstoned";
 
 /// The cleanup lease row as it stands (`None`: never taken).
 pub async fn lease_state(observer: &Client) -> Option<cleanup::LeaseState> {
-    cleanup::LeaseState::read(&tombstoned::db::Conn::dedicated(observer, SCHEMA, tombstoned::db::Pooler::None)).await.unwrap()
+    cleanup::LeaseState::read(&tombstoned::db::Conn::dedicated(
+        observer,
+        SCHEMA,
+        tombstoned::db::Pooler::None,
+    ))
+    .await
+    .unwrap()
 }
 
 /// Asserts that nobody holds the cleanup lease now (released, or never taken).
@@ -356,8 +360,12 @@ pub async fn expire_lease(observer: &Client) {
 
 /// Takes the cleanup lease for a foreign holder (as another instance would), on `client`.
 pub async fn take_lease(client: &Client, config: &Config, holder: &str) -> cleanup::Lease {
-    cleanup::Lease::try_acquire(&tombstoned::db::Conn::dedicated(client, SCHEMA, tombstoned::db::Pooler::None), &config.cleanup, holder)
-        .await
-        .unwrap()
-        .expect("the lease was free")
+    cleanup::Lease::try_acquire(
+        &tombstoned::db::Conn::dedicated(client, SCHEMA, tombstoned::db::Pooler::None),
+        &config.cleanup,
+        holder,
+    )
+    .await
+    .unwrap()
+    .expect("the lease was free")
 }

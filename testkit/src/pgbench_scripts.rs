@@ -4,7 +4,7 @@
 //! pipelining (BEGIN; set lock_timeout; the statement; COMMIT in one round trip).
 //!
 //! The files are kept in the repository; the benchmark refuses to run when they differ from what
-//! this module generates, and so does `tests/it/bench_scripts.rs` (which includes this file).
+//! this module generates, and so does `tests/it/bench_scripts.rs`.
 //! Regenerate with `cargo bench --bench scenarios -- --write-pgbench-scripts`.
 
 use std::path::Path;
