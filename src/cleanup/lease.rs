@@ -10,9 +10,10 @@
 //! * **Released** at the end of the run, in the same statement that records the run in the
 //!   history ([`super::history`]).
 //!
-//! A holder that crashed keeps the lease until it expires ([`lease_ttl`] after its last
-//! renewal); the next fire after that takes it. The same happens after a failover: the row was
-//! replicated with everything else, and the new primary's lease expires like the old one's.
+//! A lease is free once it expires ([`lease_ttl`] after its last renewal) or once the server
+//! session that last took or renewed it has ended ([`sql::ACQUIRE_LEASE`]): a run holds it on its
+//! own session only, so a crashed holder (or one on a failed-over primary) is replaced at the
+//! next fire, and one whose session the server still believes alive at the expiry.
 //! Through a transaction-mode pooler nothing depends on the server connection: every statement
 //! is a transaction of its own.
 //!

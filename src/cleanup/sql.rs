@@ -318,6 +318,15 @@ SELECT set_config('lock_timeout', $1, true),
 /// take). One row (`acquired_at`, `expires_at`) when this holder has it now, none when another
 /// holder's lease is still running.
 ///
+/// A lease is free once it has expired **or once the server session that last took or renewed it
+/// has ended** (`holder_pid` no longer in `pg_stat_activity`): a run holds the lease on its own
+/// session for its whole length and renews it only there, so a holder whose session is gone
+/// (SIGKILL, a crash, a lost host once the server notices) can never commit another batch, and
+/// the next fire takes over at once instead of after the lease's length. A recycled pid only
+/// delays that to the expiry. Through a pooler the pid is a server connection's; if the pooler
+/// closes it under a live run, another instance may take over and the old run stops at its next
+/// batch (`lease_lost`): wasteful, never unsafe (two runs at once are safe).
+///
 /// A lease another holder holds (by its last committed renewal) proposes no row at all, so the
 /// statement returns at once without touching the row lock, which a running batch holds while
 /// it renews. Otherwise `ON CONFLICT DO UPDATE` locks the row first, so two takers at once are
@@ -328,8 +337,9 @@ INSERT INTO {schema}.cleanup_lease AS l
     (name, holder, holder_pid, holder_application_name, acquired_at, renewed_at, expires_at)
 SELECT $1, $2, pg_backend_pid(), current_setting('application_name'), now(), now(),
        now() + $3::bigint * interval '1 millisecond'
-WHERE NOT EXISTS (SELECT 1 FROM {schema}.cleanup_lease
-                  WHERE name = $1 AND holder <> $2 AND expires_at > now())
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.cleanup_lease h
+                  WHERE h.name = $1 AND h.holder <> $2 AND h.expires_at > now()
+                    AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = h.holder_pid))
 ON CONFLICT (name) DO UPDATE
 SET holder = excluded.holder,
     holder_pid = excluded.holder_pid,
@@ -339,6 +349,7 @@ SET holder = excluded.holder,
     renewed_at = excluded.renewed_at,
     expires_at = excluded.expires_at
 WHERE l.expires_at <= now() OR l.holder = excluded.holder
+   OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid)
 RETURNING acquired_at, expires_at";
 
 /// Renews the lease `$1` of holder `$2` until now + `$3` ms, or fails with SQLSTATE TS001
@@ -406,7 +417,9 @@ WHERE name = $1 AND holder = $2";
 /// when, until when (`held` = not yet expired).
 pub const LEASE_STATE: &str = "\
 SELECT holder, holder_pid, holder_application_name, acquired_at, renewed_at, expires_at,
-       expires_at > now() AS held, now() AS now
+       expires_at > now()
+           AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = holder_pid) AS held,
+       now() AS now
 FROM {schema}.cleanup_lease
 WHERE name = $1";
 

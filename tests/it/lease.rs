@@ -60,19 +60,24 @@ async fn of_concurrent_takers_exactly_one_wins() {
         let client = db.client().await;
         let cleanup = config.cleanup.clone();
         fresh.push(tokio::spawn(async move {
-            cleanup::Lease::try_acquire(
+            let won = cleanup::Lease::try_acquire(
                 &tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None),
                 &cleanup,
                 &format!("fresh:{i}:0"),
             )
             .await
             .unwrap()
-            .is_some()
+            .is_some();
+            // Kept open until every taker has tried: a holder whose session ended holds nothing.
+            (won, client)
         }));
     }
     let mut won = 0;
+    let mut sessions = Vec::new();
     for taker in fresh {
-        won += usize::from(taker.await.unwrap());
+        let (taken, client) = taker.await.unwrap();
+        won += usize::from(taken);
+        sessions.push(client);
     }
     assert_eq!(won, 1, "takers of a lease that never existed");
 
@@ -100,14 +105,16 @@ async fn of_concurrent_takers_exactly_one_wins() {
             )
             .await
             .unwrap();
-            lease.map(|l| l.holder().to_owned())
+            (lease.map(|l| l.holder().to_owned()), client)
         }));
         wait_until_lock_wait(&observer, taker_pid, BARRIER).await;
     }
     blocker.batch_execute("COMMIT").await.unwrap();
     let mut winners = Vec::new();
     for taker in takers {
-        winners.extend(taker.await.unwrap());
+        let (winner, client) = taker.await.unwrap();
+        winners.extend(winner);
+        sessions.push(client);
     }
     assert_eq!(winners.len(), 1, "{winners:?}");
     let state = lease_state(&observer).await.unwrap();
@@ -227,20 +234,23 @@ async fn a_batch_whose_lease_was_stolen_rolls_back_and_the_run_stops() {
     let thief = db.client().await;
     let thief_pid = pid(&thief).await;
     let steal = tokio::spawn(async move {
-        thief
+        let stolen = thief
             .execute(
                 "UPDATE tombstoned.cleanup_lease
-                 SET holder = 'thief:1:00000000', acquired_at = now(), renewed_at = now(),
+                 SET holder = 'thief:1:00000000', holder_pid = pg_backend_pid(),
+                     acquired_at = now(), renewed_at = now(),
                      expires_at = now() + interval '1 hour'
                  WHERE name = 'cleanup'",
                 &[],
             )
             .await
-            .unwrap()
+            .unwrap();
+        (stolen, thief)
     });
     wait_until_lock_wait(&observer, thief_pid, BARRIER).await;
     reader.commit().await;
-    assert_eq!(steal.await.unwrap(), 1);
+    let (stolen, _thief) = steal.await.unwrap();
+    assert_eq!(stolen, 1);
 
     let Ok(LeasedRun::Ran(report)) = run.await.unwrap() else {
         panic!("the run did not start")
