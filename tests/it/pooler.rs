@@ -3,8 +3,9 @@
 //! connections per database so that clients share them: the API's claim/replay/conflict
 //! scenarios, a cleanup run, a dry run, readiness and the outbox relay; afterwards no setting,
 //! prepared statement or advisory lock is left on any server connection. Also: `migrate`
-//! refuses a transaction pooler in one line, and a transaction pooler configured as
-//! `pooler = "none"` is named in the error. The daemon connects through PgBouncer; the tests'
+//! refuses a transaction pooler in one line, a transaction pooler configured as
+//! `pooler = "none"` is named in the error, and two daemons through the transaction pooler never
+//! clean at the same time (the lease row). The daemon connects through PgBouncer; the tests'
 //! observer sessions connect directly.
 
 use std::future::Future;
@@ -391,5 +392,94 @@ async fn unnamed_statement_cost() {
         "claim latency, median of {RUNS} runs of {CLAIMS}: prepared {named:.0} µs, unnamed \
          {unnamed:.0} µs, ratio {:.3}",
         unnamed / named
+    );
+}
+
+/// Two `serve` daemons, both through the transaction pooler (two server connections shared by
+/// everything), each firing its cleaner every second with runs of up to 1.5 s: they never clean
+/// at the same time. Observed from the run history both write (no two recorded runs overlap)
+/// and from their metrics (some fires found the lease taken); the rows every run reports add up
+/// to the tombstones in the table, and the lease is free after both stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_through_the_transaction_pooler_never_clean_at_the_same_time() {
+    let bouncer = PgBouncer::start(PoolMode::Transaction, TRANSACTION_POOL_SIZE).await;
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    crate::cleanup_support::seed_live(&observer, "pair", 3000, crate::cleanup_support::DUE).await;
+    let spec = || {
+        Spec::new(&bouncer.url(&db.name))
+            .env("TOMBSTONED_DATABASE__POOLER", "transaction")
+            .env("TOMBSTONED_DATABASE__POOL_SIZE", "4")
+            .env("TOMBSTONED_CLEANUP__SCHEDULE", "* * * * * *")
+            .env("TOMBSTONED_CLEANUP__BATCH_SIZE", "10")
+            .env("TOMBSTONED_CLEANUP__PAUSE_BETWEEN_BATCHES", "20ms")
+            .env("TOMBSTONED_CLEANUP__MAX_RUN_TIME", "1500ms")
+    };
+    let mut first = Daemon::start(spec()).await;
+    let mut second = Daemon::start(spec()).await;
+
+    // Barrier on the history itself: wait until six runs are recorded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let recorded: i64 = observer
+            .query_one("SELECT count(*) FROM tombstoned.cleanup_runs", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if recorded >= 6 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {recorded} runs recorded\n{}\n{}",
+            first.log(),
+            second.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let skipped_series = "tombstoned_cleanup_runs_total{outcome=\"skipped_lease\"}";
+    let skipped = first.metric(skipped_series).await.unwrap_or(0.0)
+        + second.metric(skipped_series).await.unwrap_or(0.0);
+    for daemon in [&mut first, &mut second] {
+        daemon.signal(nix::sys::signal::Signal::SIGTERM);
+        assert!(daemon
+            .wait_exit(std::time::Duration::from_secs(30))
+            .await
+            .success());
+    }
+
+    let runs = cleanup::RecordedRun::recent(
+        &tombstoned::db::Conn::dedicated(&observer, "tombstoned", tombstoned::db::Pooler::None),
+        1000,
+    )
+    .await
+    .unwrap();
+    let mut intervals: Vec<_> = runs.iter().map(|r| (r.started_at, r.finished_at)).collect();
+    intervals.sort();
+    for pair in intervals.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "two runs overlapped: {pair:?}");
+    }
+    assert!(runs.iter().all(|r| r.outcome != "failed"), "{runs:?}");
+    // `<host>:<pid>:<run token>`: the processes that cleaned.
+    let daemons: std::collections::HashSet<_> = runs
+        .iter()
+        .filter_map(|r| {
+            r.instance
+                .rsplit_once(':')
+                .map(|(process, _)| process.to_owned())
+        })
+        .collect();
+    let recorded: i64 = runs.iter().map(|r| r.rows_tombstoned).sum();
+    let (tombstones, _) = crate::cleanup_support::counts(&observer).await;
+    assert_eq!(recorded, tombstones);
+    crate::cleanup_support::assert_lease_free(&observer).await;
+    // Runs of 1.5 s fired every second by two daemons: some fires found the lease taken.
+    assert!(skipped >= 1.0, "no fire was ever skipped");
+    println!(
+        "two daemons through PgBouncer (transaction mode, {TRANSACTION_POOL_SIZE} server \
+         connections): {} runs by {} daemons, none overlapping, {skipped} fires skipped for the \
+         lease, {tombstones} rows tombstoned",
+        runs.len(),
+        daemons.len()
     );
 }
