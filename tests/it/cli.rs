@@ -69,6 +69,9 @@ async fn printing_commands_end_quietly_when_stdout_is_closed() {
         &["migrate"],
         &["cleanup", "--json"],
         &["cleanup"],
+        &["status"],
+        &["status", "--json"],
+        &["outbox", "list"],
     ] {
         let output = with_closed_stdout(args, Some(&db.url)).await;
         assert_quiet_success(args, &output);
