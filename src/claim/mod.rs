@@ -95,8 +95,6 @@ pub struct ClaimSettings {
     pub lock_timeout: Duration,
     /// How long a stored response is replayable (`retention.replay_window`).
     pub replay_window: Duration,
-    /// The schema the statements written with `{schema}` name (`database.schema`).
-    pub schema: String,
 }
 
 /// What a claim's statements may take on top of their lock waits before the client gives up on
@@ -312,7 +310,6 @@ mod tests {
         let s = ClaimSettings {
             lock_timeout: Duration::from_millis(1500),
             replay_window: Duration::from_secs(2),
-            schema: "tombstoned".into(),
         };
         assert_eq!(s.lock_timeout_setting(), "1500ms");
         assert_eq!(s.replay_window_micros(), 2_000_000);

@@ -200,7 +200,6 @@ fn build_live(config: &Config, current: Option<&Live>) -> Result<Live, ApiError>
         claim: ClaimSettings {
             lock_timeout: api.claim_lock_timeout,
             replay_window: config.retention.replay_window,
-            schema: config.database.schema.clone(),
         },
         max_body_bytes: api.max_body_bytes,
         defaults: RequestDefaults {
