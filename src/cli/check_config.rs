@@ -43,13 +43,13 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     let c = &config.cleanup;
     let _ = writeln!(
         out,
-        "cleanup: {}, batches of {}, lock_timeout {}, statement_timeout {}, on_locked {:?}, \
+        "cleanup: {}, batches of {}, lock_timeout {}, statement_timeout {}, on_locked {}, \
          max_run_time {}",
         if c.enabled { "enabled" } else { "disabled" },
         c.batch_size,
         humantime::format_duration(c.lock_timeout),
         humantime::format_duration(c.statement_timeout),
-        c.on_locked,
+        c.on_locked.as_str(),
         humantime::format_duration(c.max_run_time),
     );
     let _ = writeln!(
