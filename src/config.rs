@@ -86,18 +86,18 @@ fn several(problems: &[ConfigError]) -> String {
 /// What validation found wrong so far. A refused value is replaced by its default so the keys
 /// after it are still checked; a check that combines keys runs only when they were all valid.
 #[derive(Default)]
-struct Problems(Vec<ConfigError>);
+pub(crate) struct Problems(Vec<ConfigError>);
 
 impl Problems {
     /// The checked value, or `fallback` after recording why it was refused.
-    fn take<T>(&mut self, checked: Result<T, ConfigError>, fallback: T) -> T {
+    pub(crate) fn take<T>(&mut self, checked: Result<T, ConfigError>, fallback: T) -> T {
         checked.unwrap_or_else(|e| {
             self.0.push(e);
             fallback
         })
     }
 
-    fn push(&mut self, e: ConfigError) {
+    pub(crate) fn push(&mut self, e: ConfigError) {
         self.0.push(e);
     }
 
@@ -1221,11 +1221,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         });
     }
 
-    // The outbox section's own validation stops at its first problem.
-    let outbox = p.take(
-        settings::validate(outbox, base_dir),
-        OutboxConfig::default(),
-    );
+    let outbox = settings::validate(outbox, base_dir, p);
 
     problems.finish(Config {
         database,

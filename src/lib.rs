@@ -33,9 +33,10 @@
 //!   and amounts; [`order_request`] — request validation; [`auth`] — bearer tokens; [`exit`] —
 //!   the exit statuses; `toml_diagnostic` — TOML errors told by
 //!   line, column and key, never by the text;
-//! * to the side: `demo` — a scripted client of the real binary (the default-on `demo`
-//!   feature); [`pg_cluster`] — throwaway PostgreSQL clusters for the demo, tests and
-//!   benchmarks (what only tests need is in the `tombstoned-testkit` crate, `testkit/`).
+//! * to the side, both with the default-on `demo` feature: `demo` — a scripted client of the
+//!   real binary; `pg_cluster` — the throwaway PostgreSQL clusters it runs on, which the tests
+//!   and the benchmark start too (what only they need on top — test options, stopping and
+//!   restarting the server — is in the `tombstoned-testkit` crate, `testkit/`).
 //!
 //! The public surface is what `main.rs`, the tests, the benchmark and the testkit use; the
 //! modules only the crate itself uses (`daemon`, `signals`, `stdout`, `connections`,
@@ -65,6 +66,7 @@ pub mod money;
 pub mod ops;
 pub mod order_request;
 pub mod outbox;
+#[cfg(feature = "demo")]
 pub mod pg_cluster;
 pub mod schedule;
 pub mod scheduler;

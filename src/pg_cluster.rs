@@ -1,5 +1,8 @@
-//! Throwaway local PostgreSQL clusters, for `tombstoned demo`, the tests and the benchmarks
-//! (what only the tests need on top is in the `tombstoned-testkit` crate).
+//! Throwaway local PostgreSQL clusters: what `tombstoned demo` runs its database on (feature
+//! `demo`). The tests and the benchmark start theirs here too; what only they need on top
+//! (durability-off options, TLS/pg_hba/password builders, stopping and restarting the server,
+//! running tools as the cluster's owner) is in the `tombstoned-testkit` crate
+//! (`testkit/src/cluster.rs`), built on the accessors below.
 //!
 //! A cluster lives in a fresh temporary directory, listens on loopback only, trusts local
 //! connections, and is removed when its [`ThrowawayCluster`] is dropped — or when this process
@@ -14,7 +17,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
-/// Why a cluster could not be found, started or controlled.
+/// Why a cluster could not be found or started.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// No directory with `initdb`, `pg_ctl` and `postgres` was found.
@@ -43,17 +46,10 @@ pub enum ClusterError {
         /// Their output (initdb log or server log).
         output: String,
     },
-    /// `pg_ctl` failed.
-    #[error("pg_ctl {action} failed: {output}")]
-    Control {
-        /// start, stop, restart.
-        action: &'static str,
-        /// What it printed.
-        output: String,
-    },
 }
 
-/// Server settings for a cluster.
+/// Server settings for a cluster. The demo starts with the defaults; the testkit's
+/// `ClusterOptionsTestExt` builds the rest.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterOptions {
     /// `-c name=value` settings passed to the server.
@@ -78,56 +74,6 @@ pub struct ServerTls {
     pub key_pem: String,
     /// CA certificates client certificates are checked against (`ssl_ca_file`), if any.
     pub client_ca_pem: Option<String>,
-}
-
-impl ClusterOptions {
-    /// Durability off (`fsync`, `synchronous_commit`, `full_page_writes`) and room for many
-    /// parallel test sessions. Only for data nobody needs after a crash.
-    pub fn for_tests() -> Self {
-        Self {
-            settings: [
-                ("fsync", "off"),
-                ("synchronous_commit", "off"),
-                ("full_page_writes", "off"),
-                ("max_connections", "300"),
-                ("shared_buffers", "128MB"),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-            ..Self::default()
-        }
-    }
-
-    /// Replaces `pg_hba.conf` with `lines`.
-    pub fn hba(mut self, lines: &[&str]) -> Self {
-        self.hba = lines.iter().map(|l| (*l).to_owned()).collect();
-        self
-    }
-
-    /// Serves TLS with `tls` (`ssl = on`).
-    pub fn tls(mut self, tls: ServerTls) -> Self {
-        let with_ca = tls.client_ca_pem.is_some();
-        self.ssl = Some(tls);
-        self = self.set("ssl", "on");
-        if with_ca {
-            self = self.set("ssl_ca_file", "client_ca.crt");
-        }
-        self
-    }
-
-    /// Gives the superuser `postgres` a password.
-    pub fn superuser_password(mut self, password: &str) -> Self {
-        self.superuser_password = Some(password.to_owned());
-        self
-    }
-
-    /// Adds or replaces one setting.
-    pub fn set(mut self, name: &str, value: &str) -> Self {
-        self.settings.retain(|(k, _)| k != name);
-        self.settings.push((name.to_owned(), value.to_owned()));
-        self
-    }
 }
 
 /// Finds the PostgreSQL server binaries: `$TOMBSTONED_PG_BIN`, then `$PATH`, then the newest
@@ -181,8 +127,7 @@ pub struct ThrowawayCluster {
     port: u16,
     owner: Option<String>,
     library_path: Option<PathBuf>,
-    /// The server options of the first start (port, listen address, socket directory,
-    /// settings), for [`Self::start_server`]: `pg_ctl start` does not remember them.
+    /// See [`Self::server_options`].
     server_options: String,
     supervisor: Child,
     keepalive: Option<ChildStdin>,
@@ -326,78 +271,37 @@ impl ThrowawayCluster {
         &self.bin_dir
     }
 
-    /// The server log file.
-    pub fn log_file(&self) -> PathBuf {
-        self.dir.join("server.log")
-    }
-
     /// A URL for the superuser `postgres` on database `dbname`.
     pub fn url(&self, dbname: &str) -> String {
         format!("postgresql://postgres@127.0.0.1:{}/{dbname}", self.port)
     }
 
-    /// `pg_ctl restart -m fast`: disconnects every session, like a real server restart.
-    pub fn restart(&self) -> Result<(), ClusterError> {
-        self.pg_ctl("restart", &["-m", "fast"])
+    /// The data directory (`pg_ctl -D`).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
     }
 
-    /// `pg_ctl stop -m fast`: the database goes away until [`Self::start_server`].
-    pub fn stop_server(&self) -> Result<(), ClusterError> {
-        self.pg_ctl("stop", &["-m", "fast"])
+    /// The server log file (`pg_ctl -l`).
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.join("server.log")
     }
 
-    /// Starts the server again after [`Self::stop_server`], on the same port and socket
-    /// directory with the same settings (`pg_ctl start` alone would use the defaults: port 5432).
-    pub fn start_server(&self) -> Result<(), ClusterError> {
-        self.pg_ctl("start", &["-o", &self.server_options])
+    /// The account the server runs as when this process is root (it is then started through
+    /// `runuser -u <owner>`); `None` when it runs as this process's user.
+    pub fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
     }
 
-    /// A command that runs `program` (from the cluster's bin dir when it is there) as the
-    /// cluster's owner, with the environment the bundled binaries need.
-    pub fn owner_command(&self, program: &str) -> Command {
-        let path = self.bin_dir.join(program);
-        let program = if path.is_file() {
-            path.display().to_string()
-        } else {
-            program.to_owned()
-        };
-        let env: Vec<(String, String)> = self
-            .library_path
-            .iter()
-            .map(|l| ("LD_LIBRARY_PATH".to_owned(), l.display().to_string()))
-            .collect();
-        as_user(self.owner.as_deref(), &program, &env)
+    /// The library directory the bin dir's binaries need in `LD_LIBRARY_PATH` (bundled
+    /// PostgreSQL builds), if any.
+    pub fn library_dir(&self) -> Option<&Path> {
+        self.library_path.as_deref()
     }
 
-    fn pg_ctl(&self, action: &'static str, extra: &[&str]) -> Result<(), ClusterError> {
-        let data = self.dir.join("data");
-        let log = self.log_file();
-        let mut command = self.owner_command("pg_ctl");
-        command
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .args(["-w", "-t", "60"])
-            .args(extra)
-            .arg(action)
-            .stdin(Stdio::null());
-        let output = command.output().map_err(|source| ClusterError::Spawn {
-            program: "pg_ctl".into(),
-            source,
-        })?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(ClusterError::Control {
-                action,
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
-                ),
-            })
-        }
+    /// The server options of the first start (port, listen address, socket directory,
+    /// settings), for starting the server again by hand: `pg_ctl start` does not remember them.
+    pub fn server_options(&self) -> &str {
+        &self.server_options
     }
 }
 

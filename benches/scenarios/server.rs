@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use tokio_postgres::{Client, NoTls};
 use tombstoned::pg_cluster::{find_bin_dir, ClusterOptions, ThrowawayCluster};
+use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
 
 /// The server settings every scenario and baseline runs with, and why each differs from the
 /// default. Durability is the default's: `fsync`, `synchronous_commit` and `full_page_writes`

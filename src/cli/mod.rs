@@ -253,6 +253,7 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if let Some(migrations::MigrationError::TransactionPooler) = cause.downcast_ref() {
             return Exit::Usage;
         }
+        #[cfg(feature = "demo")]
         if let Some(crate::pg_cluster::ClusterError::BinariesNotFound) = cause.downcast_ref() {
             return Exit::Unavailable;
         }
@@ -325,6 +326,7 @@ mod tests {
         use crate::daemon::ListenError;
         use crate::http::ApiError;
         use crate::ops::listener::OpsServerError;
+        #[cfg(feature = "demo")]
         use crate::pg_cluster::ClusterError;
 
         let io_error = || io::Error::new(io::ErrorKind::AddrInUse, "in use");
@@ -434,22 +436,30 @@ mod tests {
                 Exit::Unavailable,
             ),
             (
-                "no PostgreSQL binaries",
-                ClusterError::BinariesNotFound.into(),
-                Exit::Unavailable,
-            ),
-            (
-                "other cluster failure",
-                ClusterError::NoUnprivilegedUser.into(),
-                Exit::Software,
-            ),
-            (
                 "stdout failed otherwise",
                 StdoutError(io::Error::from(io::ErrorKind::StorageFull)).into(),
                 Exit::Software,
             ),
             ("anything else", anyhow::anyhow!("boom"), Exit::Software),
         ];
+        // The demo's throwaway cluster (feature `demo`).
+        #[cfg(feature = "demo")]
+        let cases = {
+            let mut cases = cases;
+            cases.extend([
+                (
+                    "no PostgreSQL binaries",
+                    anyhow::Error::from(ClusterError::BinariesNotFound),
+                    Exit::Unavailable,
+                ),
+                (
+                    "other cluster failure",
+                    ClusterError::NoUnprivilegedUser.into(),
+                    Exit::Software,
+                ),
+            ]);
+            cases
+        };
         for (name, error, exit) in &cases {
             assert_eq!(exit_for(error), *exit, "{name}: {error:#}");
             assert!(!stdout_closed(error), "{name}");

@@ -9,7 +9,7 @@ use std::time::Duration;
 use reqwest::Url;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{duration, in_range, positive, ConfigError};
+use crate::config::{duration, in_range, positive, ConfigError, Problems};
 
 /// How many failed attempts turn a permanently refused event into a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,18 +221,30 @@ fn max_attempts(raw: &RawMaxAttempts) -> Result<MaxAttempts, ConfigError> {
     )?))
 }
 
-/// Validates the section; relative paths are resolved against `base_dir`.
-pub(crate) fn validate(raw: RawOutbox, base_dir: &Path) -> Result<OutboxConfig, ConfigError> {
-    let request_timeout = positive("outbox.request_timeout", &raw.request_timeout)?;
-    if request_timeout > Duration::from_secs(3600) {
-        return Err(ConfigError::Invalid {
-            key: "outbox.request_timeout",
-            reason: "must be at most 1h".into(),
-        });
-    }
-    let lease_duration = positive("outbox.lease_duration", &raw.lease_duration)?;
-    if lease_duration < request_timeout * 2 {
-        return Err(ConfigError::Invalid {
+/// Validates the section into `problems`, like every other section: a refused value is
+/// recorded and replaced by its default so the keys after it are still checked, and a check that
+/// combines keys runs only when they were all valid. Relative paths are resolved against
+/// `base_dir`.
+pub(crate) fn validate(raw: RawOutbox, base_dir: &Path, problems: &mut Problems) -> OutboxConfig {
+    let d = OutboxConfig::default();
+    let p = problems;
+    let request_timeout = positive("outbox.request_timeout", &raw.request_timeout).and_then(|t| {
+        if t > Duration::from_secs(3600) {
+            Err(ConfigError::Invalid {
+                key: "outbox.request_timeout",
+                reason: "must be at most 1h".into(),
+            })
+        } else {
+            Ok(t)
+        }
+    });
+    let request_timeout_ok = request_timeout.is_ok();
+    let request_timeout = p.take(request_timeout, d.request_timeout);
+    let lease_duration = positive("outbox.lease_duration", &raw.lease_duration);
+    let lease_duration_ok = lease_duration.is_ok();
+    let lease_duration = p.take(lease_duration, d.lease_duration);
+    if request_timeout_ok && lease_duration_ok && lease_duration < request_timeout * 2 {
+        p.push(ConfigError::Invalid {
             key: "outbox.lease_duration",
             reason: format!(
                 "{} must be at least twice outbox.request_timeout ({}): a lease that ran out \
@@ -243,10 +255,23 @@ pub(crate) fn validate(raw: RawOutbox, base_dir: &Path) -> Result<OutboxConfig, 
             ),
         });
     }
-    let backoff_initial = positive("outbox.backoff_initial", &raw.backoff_initial)?;
-    let backoff_max = positive("outbox.backoff_max", &raw.backoff_max)?;
-    if backoff_max < backoff_initial {
-        return Err(ConfigError::Invalid {
+    let backoff_initial = positive("outbox.backoff_initial", &raw.backoff_initial);
+    let backoff_initial_ok = backoff_initial.is_ok();
+    let backoff_initial = p.take(backoff_initial, d.backoff_initial);
+    let backoff_max = positive("outbox.backoff_max", &raw.backoff_max).and_then(|max| {
+        if max > Duration::from_secs(7 * 86_400) {
+            Err(ConfigError::Invalid {
+                key: "outbox.backoff_max",
+                reason: "must be at most 7d".into(),
+            })
+        } else {
+            Ok(max)
+        }
+    });
+    let backoff_max_ok = backoff_max.is_ok();
+    let backoff_max = p.take(backoff_max, d.backoff_max);
+    if backoff_initial_ok && backoff_max_ok && backoff_max < backoff_initial {
+        p.push(ConfigError::Invalid {
             key: "outbox.backoff_max",
             reason: format!(
                 "{} is shorter than outbox.backoff_initial ({})",
@@ -255,49 +280,58 @@ pub(crate) fn validate(raw: RawOutbox, base_dir: &Path) -> Result<OutboxConfig, 
             ),
         });
     }
-    if backoff_max > Duration::from_secs(7 * 86_400) {
-        return Err(ConfigError::Invalid {
-            key: "outbox.backoff_max",
-            reason: "must be at most 7d".into(),
-        });
-    }
-    if !(0.0..=1.0).contains(&raw.backoff_jitter) {
-        return Err(ConfigError::Invalid {
+    let backoff_jitter = if (0.0..=1.0).contains(&raw.backoff_jitter) {
+        raw.backoff_jitter
+    } else {
+        p.push(ConfigError::Invalid {
             key: "outbox.backoff_jitter",
             reason: format!("{} is outside 0.0..=1.0", raw.backoff_jitter),
         });
-    }
+        d.backoff_jitter
+    };
+    let endpoint = p.take(endpoint(&raw.endpoint), d.endpoint.clone());
     let config = OutboxConfig {
         enabled: raw.enabled,
-        endpoint: endpoint(&raw.endpoint)?,
         secret_file: optional_path(&raw.secret_file, base_dir),
         ca_file: optional_path(&raw.ca_file, base_dir),
-        batch_size: in_range("outbox.batch_size", raw.batch_size, 1, 10_000)?,
-        concurrency: in_range("outbox.concurrency", raw.concurrency, 1, 256)?,
+        batch_size: p.take(
+            in_range("outbox.batch_size", raw.batch_size, 1, 10_000),
+            d.batch_size,
+        ),
+        concurrency: p.take(
+            in_range("outbox.concurrency", raw.concurrency, 1, 256),
+            d.concurrency,
+        ),
         request_timeout,
         lease_duration,
-        max_attempts: max_attempts(&raw.max_attempts)?,
+        max_attempts: p.take(max_attempts(&raw.max_attempts), d.max_attempts),
         backoff_initial,
         backoff_max,
-        backoff_jitter: raw.backoff_jitter,
-        poll_interval: positive("outbox.poll_interval", &raw.poll_interval)?,
-        shutdown_grace: duration("outbox.shutdown_grace", &raw.shutdown_grace)?,
+        backoff_jitter,
+        poll_interval: p.take(
+            positive("outbox.poll_interval", &raw.poll_interval),
+            d.poll_interval,
+        ),
+        shutdown_grace: p.take(
+            duration("outbox.shutdown_grace", &raw.shutdown_grace),
+            d.shutdown_grace,
+        ),
+        endpoint,
     };
-    if config.enabled {
-        if config.endpoint.is_none() {
-            return Err(ConfigError::Invalid {
-                key: "outbox.endpoint",
-                reason: "required when outbox.enabled = true".into(),
-            });
-        }
-        if config.secret_file.is_none() {
-            return Err(ConfigError::Invalid {
-                key: "outbox.secret_file",
-                reason: "required when outbox.enabled = true".into(),
-            });
-        }
+    // Only a missing endpoint is reported here: one that was refused above already was.
+    if config.enabled && config.endpoint.is_none() && raw.endpoint.trim().is_empty() {
+        p.push(ConfigError::Invalid {
+            key: "outbox.endpoint",
+            reason: "required when outbox.enabled = true".into(),
+        });
     }
-    Ok(config)
+    if config.enabled && config.secret_file.is_none() {
+        p.push(ConfigError::Invalid {
+            key: "outbox.secret_file",
+            reason: "required when outbox.enabled = true".into(),
+        });
+    }
+    config
 }
 
 #[cfg(test)]
@@ -420,6 +454,56 @@ mod tests {
         assert_eq!(
             redacted_endpoint(c.endpoint.as_ref().unwrap()),
             "https://hooks.example:8443/in"
+        );
+    }
+
+    #[test]
+    fn every_outbox_problem_is_reported_at_once() {
+        let e = load(
+            "[outbox]\nenabled = true\nbatch_size = 0\nbackoff_jitter = 1.5\n\
+             request_timeout = \"40s\"\nlease_duration = \"60s\"\n",
+        )
+        .unwrap_err();
+        let ConfigError::Several(problems) = &e else {
+            panic!("{e:?}")
+        };
+        let keys: Vec<&str> = problems
+            .iter()
+            .map(|p| match p {
+                ConfigError::Invalid { key, .. } => *key,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "outbox.lease_duration",
+                "outbox.backoff_jitter",
+                "outbox.batch_size",
+                "outbox.endpoint",
+                "outbox.secret_file",
+            ]
+        );
+        // With the other sections' problems, in one list.
+        let e = load("[cleanup]\nbatch_size = 0\n[outbox]\nconcurrency = 0\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("2 problems: invalid value for `cleanup.batch_size`"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("outbox.concurrency"), "{e}");
+        // A refused endpoint is not also reported as missing.
+        let e = load("[outbox]\nenabled = true\nendpoint = \"ftp://h/\"\nsecret_file = \"s\"\n")
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::Invalid {
+                    key: "outbox.endpoint",
+                    ..
+                }
+            ),
+            "{e}"
         );
     }
 }

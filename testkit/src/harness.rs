@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::cluster::ClusterOptionsTestExt as _;
 use tokio_postgres::{Client, NoTls};
 use tombstoned::config::Config;
 use tombstoned::db::migrations;

@@ -1,8 +1,9 @@
 //! Test infrastructure for tombstoned, out of the product: the harness that gives every test a
 //! fresh database on a real PostgreSQL ([`harness`]), the row factories, checksums and
 //! `pg_stat_activity` barriers of the cleanup tests ([`cleanup_support`]), and the pgbench
-//! scripts generated from the claim statements ([`pgbench_scripts`]), connection strings for the
-//! databases they create ([`cluster`]).
+//! scripts generated from the claim statements ([`pgbench_scripts`]), and what tests do to a
+//! throwaway cluster beyond the demo — test options, stopping and restarting the server, running
+//! tools as its owner — with connection strings for the databases they create ([`cluster`]).
 //!
 //! Used as a dev-dependency by `tests/it`, `tests/reliability` and `benches/scenarios`; those keep
 //! `crate::harness` and `crate::cleanup_support` as re-exports, adding what only a test of the

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use tombstoned_testkit::cluster::{ClusterOptionsTestExt as _, ClusterTestExt as _};
 
 use crate::conn_support::{run_binary, start_cluster, Run};
 use crate::daemon_support::{Daemon, Spec};

@@ -10,6 +10,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 use tombstoned::db::migrations;
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use tombstoned_testkit::cluster::{ClusterOptionsTestExt as _, ClusterTestExt as _};
 
 use crate::api_support::order;
 use crate::cleanup_support::{counts, seed_live, wait_until_gone, wait_until_sessions_wait, DUE};

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tombstoned::db;
 use tombstoned::pg_cluster::{free_loopback_port, ClusterOptions};
+use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
 
 use crate::conn_support::{config, run_binary, start_cluster};
 use crate::harness::TestDb;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 use tombstoned::pg_cluster::free_loopback_port;
+use tombstoned_testkit::cluster::ClusterTestExt as _;
 
 use crate::harness;
 

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use tombstoned::db;
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
 
 use crate::conn_support::{config, run_binary, start_cluster, Pki};
 use crate::harness::TestDb;

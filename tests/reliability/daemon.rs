@@ -15,6 +15,7 @@ use tokio::io::AsyncBufReadExt as _;
 use tokio::process::{Child, Command};
 use tokio_postgres::{Client, NoTls};
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use tombstoned_testkit::cluster::{ClusterOptionsTestExt as _, ClusterTestExt as _};
 
 use crate::harness;
 
@@ -369,6 +370,6 @@ impl OwnCluster {
 
 /// Runs a blocking `pg_ctl` call without stalling the runtime's other tasks (multi-threaded
 /// runtime only).
-async fn block(f: impl FnOnce() -> Result<(), tombstoned::pg_cluster::ClusterError>) {
+async fn block(f: impl FnOnce() -> Result<(), tombstoned_testkit::cluster::ClusterControlError>) {
     tokio::task::block_in_place(|| f().expect("pg_ctl"));
 }
