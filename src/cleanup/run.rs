@@ -189,9 +189,11 @@ pub async fn run_leased(
     };
     // Recorded on the run's session; after a lost connection, on a new one (bounded by
     // connect_timeout): a run that failed is recorded whenever the database can be reached.
-    // A run abandoned at shutdown left its session busy with the batch in flight: not that one.
+    // A run that failed at shutdown may have been abandoned with its batch still in flight on
+    // its session: record it on a fresh one instead.
+    let abandoned = result.is_err() && shutdown.is_cancelled();
     let mut recorded = None;
-    if !session.is_closed() && !shutdown.is_cancelled() {
+    if !session.is_closed() && !abandoned {
         recorded = Some(finish_run(&conn, cleanup, &lease, &record).await);
     }
     let connection_lost = match &recorded {
