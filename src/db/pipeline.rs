@@ -201,6 +201,34 @@ pub async fn prepare_with(
     Ok([begin, settings, statement, commit])
 }
 
+/// The four statements of `BEGIN; settings; statement; COMMIT` made ready on `conn`, their
+/// types taken from the parameters they will be sent with.
+async fn ready_for(
+    conn: &Conn<'_>,
+    settings: &'static str,
+    settings_params: &[&dyn Param],
+    statement: &'static str,
+    params: &[&dyn Param],
+) -> Result<[Ready; 4], PipelineFailure> {
+    prepare(
+        conn,
+        (settings, &types_of(settings_params)),
+        (statement, &types_of(params)),
+    )
+    .await
+}
+
+impl<'s> Pipelined<'s> {
+    fn of([begin, settings, statement, commit]: &'s [Ready; 4]) -> Self {
+        Pipelined {
+            begin,
+            settings,
+            statement,
+            commit,
+        }
+    }
+}
+
 /// One pipelined transaction on `conn`: `BEGIN; settings(settings_params); statement(params);
 /// COMMIT`; the statement's rows.
 pub async fn query(
@@ -210,20 +238,10 @@ pub async fn query(
     statement: &'static str,
     params: &[&dyn Param],
 ) -> Result<Vec<Row>, PipelineFailure> {
-    let [begin, set, main, commit] = prepare(
-        conn,
-        (settings, &types_of(settings_params)),
-        (statement, &types_of(params)),
-    )
-    .await?;
-    Pipelined {
-        begin: &begin,
-        settings: &set,
-        statement: &main,
-        commit: &commit,
-    }
-    .query(conn.client(), settings_params, params)
-    .await
+    let ready = ready_for(conn, settings, settings_params, statement, params).await?;
+    Pipelined::of(&ready)
+        .query(conn.client(), settings_params, params)
+        .await
 }
 
 /// [`query`], for a statement that returns exactly one row.
@@ -234,20 +252,10 @@ pub async fn query_one(
     statement: &'static str,
     params: &[&dyn Param],
 ) -> Result<Row, PipelineFailure> {
-    let [begin, set, main, commit] = prepare(
-        conn,
-        (settings, &types_of(settings_params)),
-        (statement, &types_of(params)),
-    )
-    .await?;
-    Pipelined {
-        begin: &begin,
-        settings: &set,
-        statement: &main,
-        commit: &commit,
-    }
-    .query_one(conn.client(), settings_params, params)
-    .await
+    let ready = ready_for(conn, settings, settings_params, statement, params).await?;
+    Pipelined::of(&ready)
+        .query_one(conn.client(), settings_params, params)
+        .await
 }
 
 /// [`query`], for a statement whose changed-row count is the result.
@@ -258,18 +266,8 @@ pub async fn execute(
     statement: &'static str,
     params: &[&dyn Param],
 ) -> Result<u64, PipelineFailure> {
-    let [begin, set, main, commit] = prepare(
-        conn,
-        (settings, &types_of(settings_params)),
-        (statement, &types_of(params)),
-    )
-    .await?;
-    Pipelined {
-        begin: &begin,
-        settings: &set,
-        statement: &main,
-        commit: &commit,
-    }
-    .execute(conn.client(), settings_params, params)
-    .await
+    let ready = ready_for(conn, settings, settings_params, statement, params).await?;
+    Pipelined::of(&ready)
+        .execute(conn.client(), settings_params, params)
+        .await
 }
