@@ -564,5 +564,10 @@ mod tests {
             fields(r#"{"request_id":"r","amount":"1","item":"i","recipient":"x","metadata":[]}"#),
             ["metadata"]
         );
+        // An escaped backslash followed by `u0000` is six ordinary characters, not a NUL (a
+        // fuzz oracle once confused the two).
+        let o = parse(r#"{"request_id":"r","amount":"1","item":"i","recipient":"x","metadata":{"t":"a\\u0000"}}"#)
+            .unwrap();
+        assert_eq!(o.metadata, Some(serde_json::json!({"t": "a\\u0000"})));
     }
 }
