@@ -37,6 +37,7 @@ mod schema;
 mod security;
 mod silent_proxy;
 mod status;
+mod throttle;
 mod tls;
 
 /// The shared harness (`tombstoned_testkit::harness`), plus the binary only this package's tests

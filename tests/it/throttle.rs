@@ -1,0 +1,199 @@
+//! The cleaner's throttles against a real PostgreSQL (issue 12, "Replicas"): the rate cap
+//! spreads a run over the time its rows must take, and `cleanup.max_replica_lag` is refused,
+//! once and in one clear line, for a role that cannot see the standbys' replay positions.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tombstoned::cleanup::{self, RunLimits, StopReason};
+use tombstoned::metrics::Metrics;
+
+use crate::cleanup_support::{counts, seed_live, DUE};
+use crate::harness::{binary, server, TestDb};
+
+fn throttled(metrics: &Metrics, reason: &str) -> f64 {
+    metrics
+        .cleanup_throttled_seconds
+        .with_label_values(&[reason])
+        .get()
+}
+
+#[tokio::test]
+async fn the_rate_cap_spreads_a_run_over_the_time_its_rows_must_take() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    seed_live(&client, "due", 300, DUE).await;
+    let config = db.config_with(&[
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "50"),
+        ("TOMBSTONED_CLEANUP__MAX_ROWS_PER_SECOND", "100"),
+    ]);
+    let metrics = Metrics::new().unwrap();
+    let began = Instant::now();
+    let report = cleanup::run_once(
+        &config.database,
+        &config.cleanup,
+        &config.retention,
+        RunLimits::default(),
+        &CancellationToken::new(),
+        Some(&metrics),
+    )
+    .await
+    .unwrap();
+    let took = began.elapsed();
+    assert_eq!(report.rows_tombstoned, 300);
+    assert_eq!(report.batches, 6);
+    assert_eq!(report.stopped_by, StopReason::Finished);
+    // 300 rows at 100 rows/s: at least 3 s whatever the batches took (the pace is kept from the
+    // first batch's start, the final empty batch waits too); the upper bound is for a loaded
+    // machine, not a measurement.
+    assert!(report.duration >= Duration::from_secs(3), "{report:?}");
+    assert!(took < Duration::from_secs(3 + 45), "{took:?}");
+    // Spread between the batches, as the database saw them commit: the sixth batch may begin
+    // only once the first 250 rows are paid for (2.5 s after the first began).
+    let spread: f64 = client
+        .query_one(
+            "SELECT extract(epoch FROM max(expired_at) - min(expired_at))::float8,
+                    count(DISTINCT expired_at)
+             FROM idempotency_records WHERE expired",
+            &[],
+        )
+        .await
+        .map(|row| {
+            assert_eq!(row.get::<_, i64>(1), 6, "one expired_at per batch");
+            row.get(0)
+        })
+        .unwrap();
+    assert!(spread >= 2.5, "batches committed within {spread} s");
+    // The waits are counted as they happen, under reason="rate" only.
+    let rate = throttled(&metrics, "rate");
+    assert!(rate > 0.0, "{rate}");
+    assert!(
+        (rate - report.throttled_rate.as_secs_f64()).abs() < 1e-6,
+        "{rate} vs {report:?}"
+    );
+    assert_eq!(throttled(&metrics, "replica_lag"), 0.0);
+    assert_eq!(report.throttled_replica_lag, Duration::ZERO);
+    assert_eq!(report.stopped_while_waiting_for, None);
+}
+
+/// Runs the binary with `args` against `url`, with extra `TOMBSTONED_*` variables; logs at warn,
+/// so stderr holds what the edge prints.
+async fn tombstoned(args: &[&str], url: &str, env: &[(&str, &str)]) -> Output {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let mut vars: Vec<(String, String)> = vec![
+        ("TOMBSTONED_DATABASE_URL".into(), url.to_owned()),
+        ("RUST_LOG".into(), "warn".into()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || {
+            Command::new(binary())
+                .args(&args)
+                .env_clear()
+                .envs(vars)
+                .output()
+                .unwrap()
+        }),
+    )
+    .await
+    .expect("the command ends")
+    .unwrap()
+}
+
+/// The test database's connection string, as `role` (the throwaway cluster trusts local
+/// connections).
+fn url_as(db: &TestDb, role: &str) -> String {
+    let mut config = server().clone();
+    config.user(role);
+    tombstoned_testkit::cluster::conninfo_for_database(&config, &db.name)
+}
+
+#[tokio::test]
+async fn max_replica_lag_is_refused_once_for_a_role_that_cannot_see_the_lag() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    seed_live(&admin, "due", 20, DUE).await;
+    // A role that can read and write every table but not other sessions' statistics.
+    let role = format!("blind_{}", db.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT pg_read_all_data, pg_write_all_data TO {role}"
+        ))
+        .await
+        .unwrap();
+    let url = url_as(&db, &role);
+    let lag = [("TOMBSTONED_CLEANUP__MAX_REPLICA_LAG", "64MB")];
+
+    for (command, extra) in [
+        (vec!["cleanup"], vec![]),
+        (
+            vec!["serve"],
+            vec![
+                ("TOMBSTONED_API__ENABLED", "false"),
+                ("TOMBSTONED_METRICS__LISTEN", "127.0.0.1:0"),
+            ],
+        ),
+    ] {
+        let env: Vec<(&str, &str)> = lag.iter().copied().chain(extra).collect();
+        let output = tombstoned(&command, &url, &env).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{command:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{command:?}: said once, in one line:\n{stderr}");
+        for needle in [
+            "tombstoned: error: ",
+            "cleanup.max_replica_lag is set, but role",
+            "pg_read_all_stats",
+            &format!("GRANT pg_monitor TO \"{role}\""),
+        ] {
+            assert!(lines[0].contains(needle), "{command:?}: {needle:?} in {stderr}");
+        }
+    }
+    assert_eq!(counts(&admin).await, (0, 20), "nothing was cleaned");
+
+    // Without the setting the same role cleans, and its dry run says it cannot see the lag.
+    let config = crate::harness::config_for(&url, &[]);
+    let dry = cleanup::dry_run(&config.database, &config.cleanup, false)
+        .await
+        .unwrap();
+    assert!(!dry.replicas.lag.visible);
+    assert_eq!(dry.replicas.lag.role, role);
+    let output = tombstoned(&["cleanup", "--dry-run"], &url, &[]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!("replay lag not visible to role \"{role}\"")),
+        "{stdout}"
+    );
+
+    // Granted pg_monitor, the setting is accepted and the run cleans (no standby: no wait).
+    admin
+        .batch_execute(&format!("GRANT pg_monitor TO {role}"))
+        .await
+        .unwrap();
+    let config = crate::harness::config_for(&url, &lag);
+    cleanup::check_replica_lag_visible(&config.database, &config.cleanup)
+        .await
+        .unwrap();
+    let output = tombstoned(&["cleanup", "--json"], &url, &lag).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["rows_tombstoned"], 20, "{report}");
+    assert_eq!(report["throttled_replica_lag_seconds"], 0.0, "{report}");
+    assert_eq!(report["stopped_while_waiting_for"], serde_json::Value::Null);
+    assert_eq!(counts(&admin).await, (20, 0));
+
+    // The role is cluster-wide; leave none behind.
+    drop(admin);
+    let cluster_admin = server().connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(cluster_admin.1);
+    let _ = cluster_admin
+        .0
+        .batch_execute(&format!(
+            "DROP OWNED BY {role}; REVOKE pg_read_all_data, pg_write_all_data, pg_monitor \
+             FROM {role}; DROP ROLE {role}"
+        ))
+        .await;
+}
