@@ -36,6 +36,7 @@ mod scheduler;
 mod schema;
 mod security;
 mod silent_proxy;
+mod standby;
 mod status;
 mod throttle;
 mod tls;
