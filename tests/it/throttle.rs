@@ -141,14 +141,21 @@ async fn max_replica_lag_is_refused_once_for_a_role_that_cannot_see_the_lag() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(64), "{command:?}: {stderr}");
         let lines: Vec<&str> = stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "{command:?}: said once, in one line:\n{stderr}");
+        assert_eq!(
+            lines.len(),
+            1,
+            "{command:?}: said once, in one line:\n{stderr}"
+        );
         for needle in [
             "tombstoned: error: ",
             "cleanup.max_replica_lag is set, but role",
             "pg_read_all_stats",
             &format!("GRANT pg_monitor TO \"{role}\""),
         ] {
-            assert!(lines[0].contains(needle), "{command:?}: {needle:?} in {stderr}");
+            assert!(
+                lines[0].contains(needle),
+                "{command:?}: {needle:?} in {stderr}"
+            );
         }
     }
     assert_eq!(counts(&admin).await, (0, 20), "nothing was cleaned");
@@ -196,4 +203,208 @@ async fn max_replica_lag_is_refused_once_for_a_role_that_cannot_see_the_lag() {
              FROM {role}; DROP ROLE {role}"
         ))
         .await;
+}
+
+async fn connect(config: &tokio_postgres::Config) -> tokio_postgres::Client {
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// Polls until `done` holds, every 50 ms; panics after `within`.
+async fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Bytes the standby's replay lags behind the primary's insert position, read on the primary.
+async fn lag_bytes(primary: &tokio_postgres::Client) -> i64 {
+    primary
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), replay_lsn)::bigint
+             FROM pg_stat_replication",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Issue 12, test 4: a primary and a streaming standby whose replay is paused. A run with
+/// `cleanup.max_replica_lag` commits a batch, then waits — the throttled metric rises while the
+/// database shows no further batch commit — and finishes once replay resumes; a run that meets
+/// `max_run_time` while waiting says so (report and history); without the setting the same
+/// kind of run does not wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waits_while_a_paused_standby_lags_and_finishes_once_it_replays() {
+    use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+    use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
+    use tombstoned_testkit::standby::{Replication, Standby, StandbyOptions};
+
+    // A primary of its own: the shared cluster's other tests must not see this standby.
+    let primary =
+        tokio::task::spawn_blocking(|| ThrowawayCluster::start(&ClusterOptions::for_tests()))
+            .await
+            .unwrap()
+            .unwrap();
+    let standby = Standby::start(&primary, &StandbyOptions::new(Replication::Asynchronous))
+        .await
+        .unwrap();
+    let admin = connect(&primary.url("postgres").parse().unwrap()).await;
+    admin.batch_execute("CREATE DATABASE app").await.unwrap();
+    let url = primary.url("app");
+    tombstoned::db::migrations::migrate(&crate::harness::config_for(&url, &[]).database)
+        .await
+        .unwrap();
+    let mut app: tokio_postgres::Config = url.parse().unwrap();
+    app.options("-c search_path=tombstoned");
+    let client = connect(&app).await;
+    const ROWS: i64 = 2000;
+    const LIMIT: i64 = 64 << 10;
+    let with_limit = [
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "500"),
+        ("TOMBSTONED_CLEANUP__MAX_REPLICA_LAG", "64kB"),
+    ];
+    let pause_with_due_rows = |tag: &'static str| {
+        let (client, admin, standby) = (&client, &admin, &standby);
+        async move {
+            seed_live(client, tag, ROWS, DUE).await;
+            standby
+                .catch_up(admin, Duration::from_secs(60))
+                .await
+                .unwrap();
+            standby.pause_replay().await.unwrap();
+        }
+    };
+
+    // 1. The run waits after its first batch, and goes on once replay resumes.
+    pause_with_due_rows("first").await;
+    let config = crate::harness::config_for(&url, &with_limit);
+    let metrics = std::sync::Arc::new(Metrics::new().unwrap());
+    let run = {
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            cleanup::run_once(
+                &config.database,
+                &config.cleanup,
+                &config.retention,
+                RunLimits::default(),
+                &CancellationToken::new(),
+                Some(&metrics),
+            )
+            .await
+        })
+    };
+    // Barrier: the run is waiting once the metric has counted a wait.
+    wait_for(
+        "the run waits for the standby",
+        Duration::from_secs(60),
+        || throttled(&metrics, "replica_lag") > 0.0,
+    )
+    .await;
+    let (tombstones, _) = counts(&client).await;
+    assert!(tombstones > 0 && tombstones < ROWS, "{tombstones}");
+    let seen = metrics
+        .replica_lag_bytes
+        .with_label_values(&[standby.application_name()])
+        .get();
+    assert!(seen > LIMIT, "the gauge shows the lag: {seen}");
+    // Still waiting a second (two more polls) later, and no batch committed meanwhile.
+    let waited = throttled(&metrics, "replica_lag");
+    wait_for("the wait goes on", Duration::from_secs(60), || {
+        throttled(&metrics, "replica_lag") >= waited + 1.0
+    })
+    .await;
+    assert_eq!(counts(&client).await.0, tombstones, "no batch while over");
+    assert!(!run.is_finished());
+    assert!(lag_bytes(&admin).await > LIMIT);
+
+    standby.resume_replay().await.unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the run finishes once the standby replays")
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.rows_tombstoned, ROWS as u64);
+    assert_eq!(report.stopped_by, StopReason::Finished);
+    assert_eq!(report.stopped_while_waiting_for, None);
+    assert!(
+        report.throttled_replica_lag >= Duration::from_secs(1),
+        "{report:?}"
+    );
+    assert_eq!(counts(&client).await, (ROWS, 0));
+
+    // 2. A run that reaches max_run_time while waiting ends with stopped_by = replica_lag, in
+    // its report and in the run history.
+    pause_with_due_rows("second").await;
+    let short = crate::harness::config_for(
+        &url,
+        &[
+            with_limit[0],
+            with_limit[1],
+            ("TOMBSTONED_CLEANUP__MAX_RUN_TIME", "3s"),
+        ],
+    );
+    let began = Instant::now();
+    let outcome = cleanup::run_leased(
+        &short.database,
+        &short.cleanup,
+        &short.retention,
+        RunLimits::default(),
+        &CancellationToken::new(),
+        None,
+    )
+    .await
+    .unwrap();
+    let cleanup::LeasedRun::Ran(report) = outcome else {
+        panic!("the lease is free: {outcome:?}")
+    };
+    assert!(began.elapsed() >= Duration::from_secs(3));
+    assert!(began.elapsed() < Duration::from_secs(3 + 45));
+    assert_eq!(report.stopped_by, StopReason::ReplicaLag, "{report:?}");
+    assert_eq!(
+        report.stopped_while_waiting_for,
+        Some(cleanup::ThrottleReason::ReplicaLag)
+    );
+    assert_eq!(report.outcome, cleanup::RunOutcome::Partial);
+    assert!(report.rows_tombstoned < ROWS as u64);
+    assert_eq!(report.backlog_rows, ROWS as u64 - report.rows_tombstoned);
+    let recorded: Option<String> = client
+        .query_one(
+            "SELECT stopped_by FROM cleanup_runs ORDER BY run_id DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded.as_deref(), Some("replica_lag"));
+
+    // 3. Without the setting the same run does not wait: the standby is still paused and far
+    // behind when it has finished.
+    let plain = crate::harness::config_for(&url, &with_limit[..1]);
+    let metrics = Metrics::new().unwrap();
+    let report = cleanup::run_once(
+        &plain.database,
+        &plain.cleanup,
+        &plain.retention,
+        RunLimits::default(),
+        &CancellationToken::new(),
+        Some(&metrics),
+    )
+    .await
+    .unwrap();
+    assert_eq!(counts(&client).await, (2 * ROWS, 0));
+    assert_eq!(report.stopped_by, StopReason::Finished);
+    assert_eq!(report.throttled_replica_lag, Duration::ZERO);
+    assert_eq!(throttled(&metrics, "replica_lag"), 0.0);
+    assert!(
+        lag_bytes(&admin).await > LIMIT,
+        "the standby was still behind"
+    );
+    standby.resume_replay().await.unwrap();
 }
