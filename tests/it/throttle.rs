@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tombstoned::cleanup::{self, RunLimits, StopReason};
 use tombstoned::metrics::Metrics;
 
-use crate::cleanup_support::{counts, seed_live, DUE};
+use crate::cleanup_support::{counts, lease_state, seed_live, DUE};
 use crate::harness::{binary, server, TestDb};
 
 fn throttled(metrics: &Metrics, reason: &str) -> f64 {
@@ -75,6 +75,63 @@ async fn the_rate_cap_spreads_a_run_over_the_time_its_rows_must_take() {
     assert_eq!(throttled(&metrics, "replica_lag"), 0.0);
     assert_eq!(report.throttled_replica_lag, Duration::ZERO);
     assert_eq!(report.stopped_while_waiting_for, None);
+}
+
+/// A wait longer than a third of the lease renews it, without a batch: a throttled run never
+/// loses its lease to waiting. The lease lasts 2 x 1 s + 30 s = 32 s here; the rate cap makes the
+/// run wait ~16.7 s after its first batch of 50 rows (3 rows/s), so the renewal at ~10.7 s is
+/// the wait's, not a batch's (the second batch starts at ~16.7 s).
+#[tokio::test]
+async fn a_long_wait_renews_the_lease_between_batches() {
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    seed_live(&observer, "due", 60, DUE).await;
+    let config = db.config_with(&[
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "50"),
+        ("TOMBSTONED_CLEANUP__MAX_ROWS_PER_SECOND", "3"),
+        ("TOMBSTONED_CLEANUP__STATEMENT_TIMEOUT", "1s"),
+        ("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "500ms"),
+    ]);
+    assert_eq!(cleanup::lease_ttl(&config.cleanup), Duration::from_secs(32));
+    let run = tokio::spawn(async move {
+        cleanup::run_leased(
+            &config.database,
+            &config.cleanup,
+            &config.retention,
+            RunLimits::default(),
+            &CancellationToken::new(),
+            None,
+        )
+        .await
+    });
+    // Barrier: the lease renewed 10 s or more after it was taken.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let renewed_after = loop {
+        if let Some(lease) = lease_state(&observer).await {
+            let after = (lease.renewed_at - lease.acquired_at)
+                .to_std()
+                .unwrap_or_default();
+            if after >= Duration::from_secs(10) {
+                break after;
+            }
+        }
+        assert!(Instant::now() < deadline, "no renewal during the wait");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        renewed_after < Duration::from_secs(16),
+        "renewed {renewed_after:?} after the take: by the second batch, not during the wait"
+    );
+    let outcome = run.await.unwrap().unwrap();
+    let cleanup::LeasedRun::Ran(report) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(report.stopped_by, StopReason::Finished);
+    assert_eq!(report.rows_tombstoned, 60);
+    assert!(
+        report.throttled_rate >= Duration::from_secs(10),
+        "{report:?}"
+    );
 }
 
 /// Runs the binary with `args` against `url`, with extra `TOMBSTONED_*` variables; logs at warn,
