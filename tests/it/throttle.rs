@@ -371,12 +371,29 @@ async fn a_run_waits_while_a_paused_standby_lags_and_finishes_once_it_replays() 
         .with_label_values(&[standby.application_name()])
         .get();
     assert!(seen > LIMIT, "the gauge shows the lag: {seen}");
-    // Still waiting a second (two more polls) later, and no batch committed meanwhile.
+    // Still waiting a second (two more polls) later, and no batch committed meanwhile; the
+    // run's session holds no transaction open while it waits (each poll is a transaction of
+    // microseconds; one held across the wait would be seen older than a second).
     let waited = throttled(&metrics, "replica_lag");
-    wait_for("the wait goes on", Duration::from_secs(60), || {
-        throttled(&metrics, "replica_lag") >= waited + 1.0
-    })
-    .await;
+    let mut oldest_transaction = 0.0f64;
+    while throttled(&metrics, "replica_lag") < waited + 1.5 {
+        let row = admin
+            .query_one(
+                "SELECT count(*), max(extract(epoch FROM clock_timestamp() - xact_start))::float8
+                 FROM pg_stat_activity WHERE application_name = 'tombstoned/cleanup'",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(0), 1, "the run's session");
+        let age: Option<f64> = row.get(1);
+        oldest_transaction = oldest_transaction.max(age.unwrap_or(0.0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        oldest_transaction < 1.0,
+        "a transaction stayed open {oldest_transaction} s during the wait"
+    );
     assert_eq!(counts(&client).await.0, tombstones, "no batch while over");
     assert!(!run.is_finished());
     assert!(lag_bytes(&admin).await > LIMIT);
