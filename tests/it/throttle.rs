@@ -77,6 +77,65 @@ async fn the_rate_cap_spreads_a_run_over_the_time_its_rows_must_take() {
     assert_eq!(report.stopped_while_waiting_for, None);
 }
 
+/// A throttle's wait ends at once on shutdown, and at `cleanup.max_run_time`, and the report
+/// says what the run was waiting for.
+#[tokio::test]
+async fn a_wait_is_cut_short_by_shutdown_and_by_max_run_time() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    seed_live(&client, "due", 200, DUE).await;
+    // After its first batch of 50 the run owes 50 s at 1 row/s.
+    let slow = [
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "50"),
+        ("TOMBSTONED_CLEANUP__MAX_ROWS_PER_SECOND", "1"),
+    ];
+    let config = db.config_with(&slow);
+    let metrics = std::sync::Arc::new(Metrics::new().unwrap());
+    let shutdown = CancellationToken::new();
+    let run = {
+        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            cleanup::run_once(
+                &config.database,
+                &config.cleanup,
+                &config.retention,
+                RunLimits::default(),
+                &shutdown,
+                Some(&metrics),
+            )
+            .await
+        })
+    };
+    wait_for("the run waits", Duration::from_secs(60), || {
+        throttled(&metrics, "rate") > 0.0
+    })
+    .await;
+    let stopped_at = Instant::now();
+    shutdown.cancel();
+    let report = run.await.unwrap().unwrap();
+    assert!(stopped_at.elapsed() < Duration::from_secs(10), "{report:?}");
+    assert_eq!(report.stopped_by, StopReason::Shutdown);
+    assert_eq!(
+        report.stopped_while_waiting_for,
+        Some(cleanup::ThrottleReason::Rate)
+    );
+    assert_eq!(report.rows_tombstoned, 50);
+    assert_eq!(report.backlog_rows, 150);
+
+    // max_run_time ends the wait too: a 2 s run instead of the 50 s the rows would owe.
+    let config = db.config_with(&[slow[0], slow[1], ("TOMBSTONED_CLEANUP__MAX_RUN_TIME", "2s")]);
+    let began = Instant::now();
+    let report = crate::cleanup_support::run(&config).await;
+    assert!(began.elapsed() >= Duration::from_secs(2), "{report:?}");
+    assert!(began.elapsed() < Duration::from_secs(2 + 30), "{report:?}");
+    assert_eq!(report.stopped_by, StopReason::MaxRunTime);
+    assert_eq!(
+        report.stopped_while_waiting_for,
+        Some(cleanup::ThrottleReason::Rate)
+    );
+    assert_eq!(report.rows_tombstoned, 50);
+}
+
 /// A wait longer than a third of the lease renews it, without a batch: a throttled run never
 /// loses its lease to waiting. The lease lasts 2 x 1 s + 30 s = 32 s here; the rate cap makes the
 /// run wait ~16.7 s after its first batch of 50 rows (3 rows/s), so the renewal at ~10.7 s is
