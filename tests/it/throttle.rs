@@ -517,6 +517,19 @@ async fn a_run_waits_while_a_paused_standby_lags_and_finishes_once_it_replays() 
         .get(0);
     assert_eq!(recorded.as_deref(), Some("replica_lag"));
 
+    // The dry run shows the standby's lag, and that a run would wait for it.
+    let dry = cleanup::dry_run(&short.database, &short.cleanup, false)
+        .await
+        .unwrap();
+    assert!(dry.replicas.lag.visible);
+    assert_eq!(dry.replicas.max_replica_lag_bytes, Some(LIMIT as u64));
+    assert!(dry.replicas.would_wait);
+    let [seen] = dry.replicas.lag.standbys.as_slice() else {
+        panic!("{:?}", dry.replicas)
+    };
+    assert_eq!(seen.application_name, standby.application_name());
+    assert!(seen.lag_bytes.is_some_and(|b| b > LIMIT as u64), "{seen:?}");
+
     // 3. Without the setting the same run does not wait: the standby is still paused and far
     // behind when it has finished.
     let plain = crate::harness::config_for(&url, &with_limit[..1]);
