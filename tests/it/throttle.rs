@@ -554,3 +554,53 @@ async fn a_run_waits_while_a_paused_standby_lags_and_finishes_once_it_replays() 
     );
     standby.resume_replay().await.unwrap();
 }
+
+/// Through a transaction-mode PgBouncer (two server connections, shared): the start-up check,
+/// every lag poll, the rate waits and the lease work, and no setting or prepared statement is
+/// left on a server connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_throttles_work_through_a_transaction_pooler() {
+    use crate::pooler_support::{PgBouncer, PoolMode};
+    let bouncer = PgBouncer::start(PoolMode::Transaction, 2).await;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    seed_live(&client, "due", 100, DUE).await;
+    let url = bouncer.url(&db.name);
+    let config = crate::harness::config_for(
+        &url,
+        &[
+            ("TOMBSTONED_DATABASE__POOLER", "transaction"),
+            ("TOMBSTONED_CLEANUP__BATCH_SIZE", "20"),
+            ("TOMBSTONED_CLEANUP__MAX_REPLICA_LAG", "64MB"),
+            ("TOMBSTONED_CLEANUP__MAX_ROWS_PER_SECOND", "200"),
+        ],
+    );
+    cleanup::check_replica_lag_visible(&config.database, &config.cleanup)
+        .await
+        .unwrap();
+    let outcome = cleanup::run_leased(
+        &config.database,
+        &config.cleanup,
+        &config.retention,
+        RunLimits::default(),
+        &CancellationToken::new(),
+        None,
+    )
+    .await
+    .unwrap();
+    let cleanup::LeasedRun::Ran(report) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(report.rows_tombstoned, 100);
+    assert_eq!(report.stopped_by, StopReason::Finished);
+    assert!(report.duration >= Duration::from_millis(500), "{report:?}");
+    assert!(report.throttled_rate > Duration::ZERO, "{report:?}");
+    assert_eq!(
+        report.throttled_replica_lag,
+        Duration::ZERO,
+        "no standby here"
+    );
+    for state in bouncer.server_connection_state(&db.name).await {
+        assert!(state.is_clean(), "{state:?}");
+    }
+}
