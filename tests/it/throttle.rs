@@ -1,6 +1,10 @@
 //! The cleaner's throttles against a real PostgreSQL (issue 12, "Replicas"): the rate cap
-//! spreads a run over the time its rows must take, and `cleanup.max_replica_lag` is refused,
-//! once and in one clear line, for a role that cannot see the standbys' replay positions.
+//! spreads a run over the time its rows must take; a wait ends at shutdown and at
+//! `max_run_time`, and renews the lease when long; `cleanup.max_replica_lag` is refused, once and
+//! in one clear line, for a role that cannot see the standbys' replay positions; everything works
+//! through a transaction-mode pooler; and (issue 12, test 4) with a primary and a streaming
+//! standby whose replay is paused, a run waits — holding no transaction — and finishes once
+//! replay resumes, while without the setting it does not wait.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
