@@ -54,7 +54,9 @@ async fn the_rate_cap_spreads_a_run_over_the_time_its_rows_must_take() {
     assert!(report.duration >= Duration::from_secs(3), "{report:?}");
     assert!(took < Duration::from_secs(3 + 45), "{took:?}");
     // Spread between the batches, as the database saw them commit: the sixth batch may begin
-    // only once the first 250 rows are paid for (2.5 s after the first began).
+    // only once the first 250 rows are paid for (2.5 s after the first began; the margin is for
+    // the first batch's BEGIN reaching the server after the pace started). Unthrottled, six
+    // batches of 50 take a fraction of a second.
     let spread: f64 = client
         .query_one(
             "SELECT extract(epoch FROM max(expired_at) - min(expired_at))::float8,
@@ -68,7 +70,7 @@ async fn the_rate_cap_spreads_a_run_over_the_time_its_rows_must_take() {
             row.get(0)
         })
         .unwrap();
-    assert!(spread >= 2.5, "batches committed within {spread} s");
+    assert!(spread >= 2.0, "batches committed within {spread} s");
     // The waits are counted as they happen, under reason="rate" only.
     let rate = throttled(&metrics, "rate");
     assert!(rate > 0.0, "{rate}");
