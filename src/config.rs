@@ -251,7 +251,7 @@ pub struct CleanupConfig {
     pub history_runs: u32,
     /// Before each batch, wait while a standby's replay position is more than this many bytes
     /// of WAL behind the primary's (`pg_stat_replication`); `None` never waits. Needs a role
-    /// that sees the lag (pg_monitor). Default: `off`. Reload: applied (next batch).
+    /// that sees the lag (pg_monitor). Default: `off`. Reload: applied (next run).
     pub max_replica_lag: Option<u64>,
     /// The most rows a run changes per second, the waits spread between batches; `None` is no
     /// cap. Default: `off`. Reload: applied (next run).
