@@ -249,6 +249,13 @@ pub struct CleanupConfig {
     /// Runs kept in the `cleanup_runs` history (the oldest are deleted as new ones are written).
     /// Default: 100. Reload: applied.
     pub history_runs: u32,
+    /// Before each batch, wait while a standby's replay position is more than this many bytes
+    /// of WAL behind the primary's (`pg_stat_replication`); `None` never waits. Needs a role
+    /// that sees the lag (pg_monitor). Default: `off`. Reload: applied (next run).
+    pub max_replica_lag: Option<u64>,
+    /// The most rows a run changes per second, the waits spread between batches; `None` is no
+    /// cap. Default: `off`. Reload: applied (next run).
+    pub max_rows_per_second: Option<u32>,
 }
 
 /// The default cleanup schedule: every five minutes.
@@ -267,6 +274,8 @@ impl Default for CleanupConfig {
             max_run_time: Duration::from_secs(4 * 60),
             pause_between_batches: Duration::ZERO,
             history_runs: 100,
+            max_replica_lag: None,
+            max_rows_per_second: None,
         }
     }
 }
@@ -477,6 +486,18 @@ struct RawCleanup {
     max_run_time: String,
     pause_between_batches: String,
     history_runs: i64,
+    // "off" or a size such as "64MB".
+    max_replica_lag: String,
+    max_rows_per_second: RawLimit,
+}
+
+/// A limit the file writes as a number or as `"off"` (an environment variable always arrives as
+/// text, and is read the same way).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+enum RawLimit {
+    Number(i64),
+    Text(String),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -560,6 +581,13 @@ impl Default for RawCleanup {
             max_run_time: duration_text(d.max_run_time),
             pause_between_batches: duration_text(d.pause_between_batches),
             history_runs: integer(d.history_runs),
+            max_replica_lag: d
+                .max_replica_lag
+                .map_or_else(|| "off".to_owned(), byte_size_text),
+            max_rows_per_second: d.max_rows_per_second.map_or_else(
+                || RawLimit::Text("off".to_owned()),
+                |n| RawLimit::Number(integer(n)),
+            ),
         }
     }
 }
@@ -921,6 +949,99 @@ pub(crate) fn in_range<T: TryFrom<i64>>(
     })
 }
 
+/// The units of a byte size, as PostgreSQL's own settings write them (`64MB` in
+/// postgresql.conf is 64 × 1024² bytes, so it is here too); the IEC spellings mean the same.
+const BYTE_UNITS: &[(&str, u64)] = &[
+    ("B", 1),
+    ("kB", 1 << 10),
+    ("KB", 1 << 10),
+    ("KiB", 1 << 10),
+    ("MB", 1 << 20),
+    ("MiB", 1 << 20),
+    ("GB", 1 << 30),
+    ("GiB", 1 << 30),
+    ("TB", 1 << 40),
+    ("TiB", 1 << 40),
+];
+
+/// A byte size: a whole number and a unit of [`BYTE_UNITS`] (`"64MB"`, `"1GiB"`, `"512kB"`,
+/// `"1048576B"`), spaces allowed between them; at least 1 byte. Hand-parsed rather than with a
+/// crate: the common ones read `MB` as 10⁶, where a PostgreSQL operator means 2²⁰.
+pub(crate) fn byte_size(key: &'static str, text: &str) -> Result<u64, ConfigError> {
+    let invalid = |why: &str| ConfigError::Invalid {
+        key,
+        reason: format!(
+            "{text:?} {why}; write a whole number and a unit, e.g. \"64MB\", \"1GB\" (B, kB, \
+             MB, GB, TB: powers of 1024, as in postgresql.conf; KiB, MiB, GiB, TiB the same)"
+        ),
+    };
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let unit = unit.trim_start();
+    if digits.is_empty() {
+        return Err(invalid("does not start with a number"));
+    }
+    let Some(&(_, factor)) = BYTE_UNITS.iter().find(|(name, _)| *name == unit) else {
+        return Err(invalid("has no known unit"));
+    };
+    let bytes = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        // PostgreSQL computes lag as numeric but we read it as bigint: keep within i64.
+        .filter(|&n| i64::try_from(n).is_ok())
+        .ok_or_else(|| invalid("is too large"))?;
+    if bytes == 0 {
+        return Err(invalid("must be at least 1 byte"));
+    }
+    Ok(bytes)
+}
+
+/// `"off"`, or a [`byte_size`].
+fn optional_byte_size(key: &'static str, text: &str) -> Result<Option<u64>, ConfigError> {
+    if text.trim().eq_ignore_ascii_case("off") {
+        Ok(None)
+    } else {
+        byte_size(key, text).map(Some)
+    }
+}
+
+/// A byte size as the file writes it: the largest unit that divides it exactly (`"64MB"`).
+pub fn byte_size_text(bytes: u64) -> String {
+    for (unit, factor) in [
+        ("TB", 1u64 << 40),
+        ("GB", 1 << 30),
+        ("MB", 1 << 20),
+        ("kB", 1 << 10),
+    ] {
+        if bytes >= factor && bytes % factor == 0 {
+            return format!("{}{unit}", bytes / factor);
+        }
+    }
+    format!("{bytes}B")
+}
+
+/// `"off"`, or a whole number in `min..=max` (written as a number or as text).
+fn optional_limit<T: TryFrom<i64>>(
+    key: &'static str,
+    raw: &RawLimit,
+    min: i64,
+    max: i64,
+) -> Result<Option<T>, ConfigError> {
+    let n = match raw {
+        RawLimit::Number(n) => *n,
+        RawLimit::Text(text) if text.trim().eq_ignore_ascii_case("off") => return Ok(None),
+        RawLimit::Text(text) => text.trim().parse().map_err(|_| ConfigError::Invalid {
+            key,
+            reason: format!("{text:?} is neither a whole number nor \"off\""),
+        })?,
+    };
+    in_range(key, n, min, max).map(Some)
+}
+
 fn pooler(text: &str) -> Result<Pooler, ConfigError> {
     Pooler::parse(text).ok_or_else(|| ConfigError::Invalid {
         key: "database.pooler",
@@ -1120,6 +1241,19 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         history_runs: p.take(
             in_range("cleanup.history_runs", cleanup.history_runs, 1, 100_000),
             d.history_runs,
+        ),
+        max_replica_lag: p.take(
+            optional_byte_size("cleanup.max_replica_lag", &cleanup.max_replica_lag),
+            d.max_replica_lag,
+        ),
+        max_rows_per_second: p.take(
+            optional_limit(
+                "cleanup.max_rows_per_second",
+                &cleanup.max_rows_per_second,
+                1,
+                10_000_000,
+            ),
+            d.max_rows_per_second,
         ),
     };
     if timeouts_ok && cleanup.lock_timeout >= cleanup.statement_timeout {
@@ -1463,6 +1597,12 @@ mod tests {
             }),
             ("cleanup.batch_size", |c| c.cleanup.batch_size = 7),
             ("cleanup.history_runs", |c| c.cleanup.history_runs = 3),
+            ("cleanup.max_replica_lag", |c| {
+                c.cleanup.max_replica_lag = Some(1 << 20)
+            }),
+            ("cleanup.max_rows_per_second", |c| {
+                c.cleanup.max_rows_per_second = Some(100)
+            }),
             ("cleanup.lock_timeout", |c| {
                 c.cleanup.lock_timeout = Duration::from_secs(1)
             }),
@@ -1815,6 +1955,92 @@ mod tests {
             let e = Config::load_from(None, env(&[(var, secret)]), &[]).unwrap_err();
             assert!(e.to_string().contains(var), "{e}");
             assert!(!format!("{e} {e:?}").contains(secret), "{e}");
+        }
+    }
+
+    #[test]
+    fn byte_sizes_read_as_postgresql_writes_them() {
+        let size = |t: &str| byte_size("cleanup.max_replica_lag", t);
+        assert_eq!(size("64MB").unwrap(), 64 << 20);
+        assert_eq!(size("64 MiB").unwrap(), 64 << 20);
+        assert_eq!(size(" 1GB ").unwrap(), 1 << 30);
+        assert_eq!(size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(size("512kB").unwrap(), 512 << 10);
+        assert_eq!(size("2TB").unwrap(), 2 << 40);
+        assert_eq!(size("100B").unwrap(), 100);
+        for bad in [
+            "64",
+            "MB",
+            "64 mb",
+            "0MB",
+            "-1MB",
+            "1.5GB",
+            "64 MB/s",
+            "9999999999TB",
+            "",
+        ] {
+            let e = size(bad).unwrap_err().to_string();
+            assert!(e.contains("cleanup.max_replica_lag"), "{bad:?}: {e}");
+            assert!(e.contains("e.g. \"64MB\""), "{bad:?}: {e}");
+        }
+        for n in [1u64, 1023, 1024, 64 << 20, 3 << 30, (1 << 40) + 1] {
+            let text = byte_size_text(n);
+            assert_eq!(size(&text).unwrap(), n, "{text}");
+        }
+        assert_eq!(byte_size_text(64 << 20), "64MB");
+    }
+
+    #[test]
+    fn throttle_keys_are_off_by_default_and_read_from_file_and_environment() {
+        let d = Config::load_from(None, env(&[]), &[]).unwrap().cleanup;
+        assert_eq!((d.max_replica_lag, d.max_rows_per_second), (None, None));
+        let f = file("[cleanup]\nmax_replica_lag = \"64MB\"\nmax_rows_per_second = 5000\n");
+        let c = Config::load_from(Some(f.path()), env(&[]), &[])
+            .unwrap()
+            .cleanup;
+        assert_eq!(c.max_replica_lag, Some(64 << 20));
+        assert_eq!(c.max_rows_per_second, Some(5000));
+        let c = Config::load_from(
+            Some(f.path()),
+            env(&[
+                ("TOMBSTONED_CLEANUP__MAX_REPLICA_LAG", "1GB"),
+                ("TOMBSTONED_CLEANUP__MAX_ROWS_PER_SECOND", "off"),
+            ]),
+            &[],
+        )
+        .unwrap()
+        .cleanup;
+        assert_eq!(c.max_replica_lag, Some(1 << 30));
+        assert_eq!(c.max_rows_per_second, None);
+        let c = Config::load_from(
+            None,
+            env(&[("TOMBSTONED_CLEANUP__MAX_ROWS_PER_SECOND", "250")]),
+            &[],
+        )
+        .unwrap()
+        .cleanup;
+        assert_eq!(c.max_rows_per_second, Some(250));
+        let f = file("[cleanup]\nmax_replica_lag = \"off\"\nmax_rows_per_second = \"off\"\n");
+        let c = Config::load_from(Some(f.path()), env(&[]), &[])
+            .unwrap()
+            .cleanup;
+        assert_eq!((c.max_replica_lag, c.max_rows_per_second), (None, None));
+        for (text, key) in [
+            (
+                "[cleanup]\nmax_rows_per_second = 0\n",
+                "cleanup.max_rows_per_second",
+            ),
+            (
+                "[cleanup]\nmax_rows_per_second = \"fast\"\n",
+                "cleanup.max_rows_per_second",
+            ),
+            (
+                "[cleanup]\nmax_replica_lag = \"lots\"\n",
+                "cleanup.max_replica_lag",
+            ),
+        ] {
+            let e = Config::load_from(Some(file(text).path()), env(&[]), &[]).unwrap_err();
+            assert!(e.to_string().contains(key), "{text:?}: {e}");
         }
     }
 

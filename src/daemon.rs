@@ -60,6 +60,10 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             return Err(migrations::SchemaNotCurrent(problem).into());
         }
     }
+    // A throttle the role cannot observe is refused now, once (exit 64), not at every run.
+    crate::cleanup::check_replica_lag_visible(&config.database, &config.cleanup)
+        .await
+        .context("checking cleanup.max_replica_lag")?;
 
     let fds = file_descriptor_budget(&config)?;
 

@@ -58,7 +58,8 @@ impl Exit {
             }
             Exit::Usage => {
                 "Bad usage or configuration (EX_USAGE): an unknown flag or key, an invalid value, \
-                 an unusable tokens file, a listener that cannot bind. Restarting cannot fix it."
+                 an unusable tokens file, a listener that cannot bind, cleanup.max_replica_lag \
+                 for a role that cannot see the lag (no pg_monitor). Restarting cannot fix it."
             }
             Exit::Unavailable => {
                 "The database is unavailable, or its schema is not current (EX_UNAVAILABLE): run \

@@ -20,6 +20,8 @@ pub const RUN_OUTCOMES: &[&str] = &[
     "skipped_read_only",
     "partial",
 ];
+/// Why a cleanup run waited (`tombstoned_cleanup_throttled_seconds_total{reason}`).
+pub const THROTTLE_REASONS: &[&str] = &["replica_lag", "rate"];
 /// Outcomes of a cleanup batch (`tombstoned_cleanup_batches_total{outcome}`).
 pub const BATCH_OUTCOMES: &[&str] = &["committed", "lock_timeout", "retried", "failed"];
 /// Outcomes of a claim (`tombstoned_claims_total{outcome}`).
@@ -75,6 +77,14 @@ pub struct Metrics {
     pub cleanup_lease_held: IntGauge,
     /// `tombstoned_tombstones_purged_total`
     pub tombstones_purged: IntCounter,
+    /// `tombstoned_cleanup_throttled_seconds_total{reason}`: seconds runs spent waiting, by
+    /// [`THROTTLE_REASONS`].
+    pub cleanup_throttled_seconds: prometheus::CounterVec,
+    /// `tombstoned_replica_lag_bytes{application_name}`: each standby's replay lag as the
+    /// cleaner last read it (only while `cleanup.max_replica_lag` is on). Its label is the one
+    /// not from a closed set: standbys are few (`max_wal_senders`), and one that disappears from
+    /// `pg_stat_replication` is dropped at the next read.
+    pub replica_lag_bytes: IntGaugeVec,
 
     /// `tombstoned_http_requests_total{route,method,status}`
     pub http_requests: IntCounterVec,
@@ -248,6 +258,32 @@ impl Metrics {
                 "tombstoned_tombstones_purged_total",
                 "Tombstones deleted by the retention purge (their keys can be used again).",
             )?,
+            cleanup_throttled_seconds: {
+                let c = prometheus::CounterVec::new(
+                    Opts::new(
+                        "tombstoned_cleanup_throttled_seconds_total",
+                        "Seconds cleanup runs spent waiting between batches, by reason: \
+                         replica_lag (a standby replayed more than cleanup.max_replica_lag \
+                         behind), rate (cleanup.max_rows_per_second).",
+                    ),
+                    &["reason"],
+                )?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
+            replica_lag_bytes: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "tombstoned_replica_lag_bytes",
+                        "Bytes of WAL each standby's replay position was behind the primary's, \
+                         as the cleaner last read pg_stat_replication (with \
+                         cleanup.max_replica_lag on).",
+                    ),
+                    &["application_name"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
             http_requests: counter_vec(
                 &r,
                 "tombstoned_http_requests_total",
@@ -381,6 +417,9 @@ impl Metrics {
         for o in BATCH_OUTCOMES {
             m.cleanup_batches.with_label_values(&[o]);
         }
+        for reason in THROTTLE_REASONS {
+            m.cleanup_throttled_seconds.with_label_values(&[reason]);
+        }
         for o in CLAIM_OUTCOMES {
             m.claims.with_label_values(&[o]);
         }
@@ -420,6 +459,31 @@ impl Metrics {
             .pool
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Some(pool.clone());
+    }
+
+    /// Sets `tombstoned_replica_lag_bytes` to the standbys just read (`(application_name,
+    /// bytes)`), dropping the series of standbys no longer listed or with no known position.
+    pub fn set_replica_lags<'a>(&self, lags: impl IntoIterator<Item = (&'a str, u64)>) {
+        // Two standbys may share a name: the series shows the one further behind.
+        let mut current = std::collections::BTreeMap::<&str, u64>::new();
+        for (name, bytes) in lags {
+            let entry = current.entry(name).or_default();
+            *entry = (*entry).max(bytes);
+        }
+        for family in self.replica_lag_bytes.collect() {
+            for metric in family.get_metric() {
+                for label in metric.get_label() {
+                    if !current.contains_key(label.value()) {
+                        let _ = self.replica_lag_bytes.remove_label_values(&[label.value()]);
+                    }
+                }
+            }
+        }
+        for (name, bytes) in current {
+            self.replica_lag_bytes
+                .with_label_values(&[name])
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
     }
 
     /// Records a database error under its SQLSTATE class.
@@ -512,9 +576,29 @@ mod tests {
             "tombstoned_http_requests_in_flight 0",
             "tombstoned_db_pool_waiting 0",
             "tombstoned_build_info{version=",
+            "tombstoned_cleanup_throttled_seconds_total{reason=\"replica_lag\"} 0",
+            "tombstoned_cleanup_throttled_seconds_total{reason=\"rate\"} 0",
         ] {
             assert!(text.contains(needle), "missing {needle}");
         }
+    }
+
+    #[test]
+    fn replica_lag_series_follow_the_standbys_last_read() {
+        let m = Metrics::new().unwrap();
+        m.set_replica_lags([("a", 10), ("b", 20)]);
+        let text = m.render().unwrap();
+        assert!(text.contains("tombstoned_replica_lag_bytes{application_name=\"a\"} 10"));
+        assert!(text.contains("tombstoned_replica_lag_bytes{application_name=\"b\"} 20"));
+        m.set_replica_lags([("b", 5)]);
+        let text = m.render().unwrap();
+        assert!(!text.contains("application_name=\"a\""), "{text}");
+        assert!(text.contains("tombstoned_replica_lag_bytes{application_name=\"b\"} 5"));
+        m.set_replica_lags([]);
+        assert!(!m
+            .render()
+            .unwrap()
+            .contains("tombstoned_replica_lag_bytes{"));
     }
 
     #[tokio::test]

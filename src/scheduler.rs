@@ -388,7 +388,9 @@ async fn fire(
                 .cleanup_runs
                 .with_label_values(&[RunOutcome::Failed.label()])
                 .inc();
-            metrics.db_error(e.sqlstate_class());
+            if let Some(class) = e.sqlstate_class() {
+                metrics.db_error(class);
+            }
             let error = e.summary();
             tracing::warn!(error = %error, "cleanup run failed; next try at the next fire time");
             return done(RunOutcome::Failed, None, Some(error), !e.is_unavailable());

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::run::purge_before;
+use super::throttle::ReplicaLag;
 use super::{report, sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, OnLocked, RetentionConfig};
 use crate::db::{self, Conn};
@@ -45,6 +46,20 @@ pub struct OutboxPreview {
     pub events_to_delete: Option<u64>,
 }
 
+/// The standbys as the dry run saw them, and the throttle settings a real run would keep to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplicaPreview {
+    /// `cleanup.max_replica_lag` in bytes (`None`: off).
+    pub max_replica_lag_bytes: Option<u64>,
+    /// `cleanup.max_rows_per_second` (`None`: off).
+    pub max_rows_per_second: Option<u32>,
+    /// Whether this role sees the replay positions, the role, and every walsender's lag.
+    #[serde(flatten)]
+    pub lag: ReplicaLag,
+    /// Whether a run started now would wait for a standby before its first batch.
+    pub would_wait: bool,
+}
+
 /// What a dry run found. Durations serialise as seconds.
 #[derive(Debug, Clone, Serialize)]
 pub struct DryRunReport {
@@ -76,6 +91,8 @@ pub struct DryRunReport {
     pub purge: Option<PurgePreview>,
     /// The outbox: pending events, dead letters, delivered events and retention candidates.
     pub outbox: OutboxPreview,
+    /// The standbys' replay lag (`pg_stat_replication`) and the throttle settings.
+    pub replicas: ReplicaPreview,
     /// `EXPLAIN` of the batch statement for the first batch (with `--explain`).
     pub plan: Option<String>,
 }
@@ -90,7 +107,7 @@ pub async fn dry_run(
 }
 
 /// At most how many statements a dry run's read sends (settings, cutoff, counts, tops, totals,
-/// purge and outbox previews, the plans with `--explain`): its client-side bound is that many
+/// purge and outbox previews, the replica lag, the plans with `--explain`): its client-side bound is that many
 /// `cleanup.statement_timeout`s.
 const DRY_RUN_STATEMENTS: u32 = 16;
 
@@ -193,6 +210,16 @@ async fn read(
         events_to_delete,
     };
 
+    let lag = ReplicaLag::from_rows(&client.query(sql::REPLICA_LAG, &[]).await?)?;
+    let replicas = ReplicaPreview {
+        max_replica_lag_bytes: cleanup.max_replica_lag,
+        max_rows_per_second: cleanup.max_rows_per_second,
+        would_wait: cleanup
+            .max_replica_lag
+            .is_some_and(|limit| lag.over(limit).is_some()),
+        lag,
+    };
+
     let plan = if explain {
         // Plain EXPLAIN: it plans without executing, which a READ ONLY transaction allows.
         let statement = match cleanup.on_locked {
@@ -229,6 +256,7 @@ async fn read(
         live_records: count(totals.try_get(1)?),
         purge,
         outbox,
+        replicas,
         plan,
     })
 }

@@ -4,6 +4,9 @@
 //! The statements and their locking argument are in [`super::sql`]; where a pass stands in its
 //! index is [`super::keyset`]. A leased run's batches renew the lease first, in the same
 //! transaction ([`super::lease`]): a batch that finds the lease lost rolls back and ends the run.
+//! Before each batch the engine waits as `cleanup.max_rows_per_second` and
+//! `cleanup.max_replica_lag` ask ([`super::throttle`]), outside any transaction, renewing the
+//! lease when a wait outlasts a third of it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -17,9 +20,10 @@ use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
 use super::lease::Lease;
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::run::RunLimits;
+use super::throttle::{self, ReplicaLag, ThrottleReason, LAG_POLL_INTERVAL};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, OnLocked};
-use crate::db::pipeline::{Guard, Pipelined};
+use crate::db::pipeline::{self, Guard, Pipelined};
 use crate::db::statement::Ready;
 use crate::db::{self, Conn, DbError, ErrorClass, Param};
 use crate::metrics::Metrics;
@@ -28,6 +32,10 @@ use crate::metrics::Metrics;
 /// Neither should happen (every locker goes in primary-key order); a few retries cover a foreign
 /// locker that does not.
 const MAX_BATCH_ATTEMPTS: u32 = 5;
+
+/// The longest single sleep of a throttled run: its waited seconds are counted (and the lease
+/// looked at) at least this often, so the metric rises while a long wait goes on.
+const MAX_WAIT_SLICE: Duration = Duration::from_secs(1);
 
 /// The two phases of a run share one batch engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +135,18 @@ pub(super) struct Engine<'a> {
     pub(super) batch_durations: Vec<Duration>,
     /// Batches retried after a deadlock or serialization failure.
     pub(super) retries: u64,
+    /// When the first batch began: `cleanup.max_rows_per_second` is kept from then on.
+    pace_started: Option<Instant>,
+    /// Rows the run's committed batches changed (every phase), which the rate cap paces.
+    rows_changed: u64,
+    /// When the lease was last taken or renewed (by a committed batch, or during a wait).
+    last_renewal: Instant,
+    /// Time spent waiting for the standbys ([`ThrottleReason::ReplicaLag`]).
+    pub(super) throttled_replica_lag: Duration,
+    /// Time spent waiting for the rate cap ([`ThrottleReason::Rate`]).
+    pub(super) throttled_rate: Duration,
+    /// What the run was waiting for when it was stopped, if it was stopped during a wait.
+    pub(super) stopped_while_waiting_for: Option<ThrottleReason>,
 }
 
 impl<'a> Engine<'a> {
@@ -168,6 +188,12 @@ impl<'a> Engine<'a> {
             progress,
             batch_durations: Vec::new(),
             retries: 0,
+            pace_started: None,
+            rows_changed: 0,
+            last_renewal: Instant::now(),
+            throttled_replica_lag: Duration::ZERO,
+            throttled_rate: Duration::ZERO,
+            stopped_while_waiting_for: None,
         })
     }
 
@@ -215,6 +241,11 @@ impl<'a> Engine<'a> {
                     stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
                     return Ok(result);
                 }
+                if let Some(reason) = self.throttle().await? {
+                    stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
+                    return Ok(result);
+                }
+                self.pace_started.get_or_insert_with(Instant::now);
                 let statement = if waits { &wait } else { &skip };
                 let first = self.batch(phase, statement, bound, &pass).await?;
                 let outcome = match first {
@@ -300,6 +331,155 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Waits before a batch as `cleanup.max_rows_per_second` and then `cleanup.max_replica_lag`
+    /// ask, outside any transaction. `Some(reason)` when the run must stop instead of starting
+    /// the batch: shutdown, `cleanup.max_run_time` (during a replica-lag wait:
+    /// [`StopReason::ReplicaLag`]), or the lease found lost.
+    async fn throttle(&mut self) -> Result<Option<StopReason>, CleanupError> {
+        if let (Some(per_second), Some(since)) =
+            (self.cleanup.max_rows_per_second, self.pace_started)
+        {
+            let wait = throttle::rate_wait(self.rows_changed, per_second, since.elapsed());
+            if !wait.is_zero() {
+                let stop = self
+                    .wait(ThrottleReason::Rate, wait, StopReason::MaxRunTime)
+                    .await?;
+                if stop.is_some() {
+                    return Ok(stop);
+                }
+            }
+        }
+        let Some(limit) = self.cleanup.max_replica_lag else {
+            return Ok(None);
+        };
+        let mut waiting_since: Option<Instant> = None;
+        loop {
+            let lag = self.read_replica_lag().await?;
+            self.meter.replica_lag(&lag);
+            if !lag.visible {
+                return Err(CleanupError::ReplicaLagHidden { role: lag.role });
+            }
+            match lag.over(limit) {
+                None => {
+                    if let Some(since) = waiting_since {
+                        tracing::info!(
+                            waited_seconds = since.elapsed().as_secs_f64(),
+                            "the standbys caught up; cleanup goes on"
+                        );
+                    }
+                    return Ok(None);
+                }
+                Some((standby, lag_bytes)) => {
+                    if waiting_since.is_none() {
+                        tracing::info!(
+                            standby = %standby.application_name,
+                            lag_bytes,
+                            max_replica_lag = limit,
+                            "a standby replays too far behind; cleanup waits for it"
+                        );
+                        waiting_since = Some(Instant::now());
+                    }
+                }
+            }
+            let stop = self
+                .wait(
+                    ThrottleReason::ReplicaLag,
+                    LAG_POLL_INTERVAL,
+                    StopReason::ReplicaLag,
+                )
+                .await?;
+            if stop.is_some() {
+                return Ok(stop);
+            }
+        }
+    }
+
+    /// `pg_stat_replication` as the server sees it now: one short statement in a transaction
+    /// of its own, bounded by `statement_timeout`.
+    async fn read_replica_lag(&self) -> Result<ReplicaLag, CleanupError> {
+        const STEP: &str = "reading the standbys' replay lag";
+        let rows = super::bounded(self.cleanup.statement_timeout, STEP, async {
+            pipeline::query(
+                &self.conn,
+                db::sql::SET_LOCAL_STATEMENT_TIMEOUT,
+                &[&self.statement_timeout],
+                sql::REPLICA_LAG,
+                &[],
+            )
+            .await
+            .map_err(|failure| failure.error)
+        })
+        .await?;
+        ReplicaLag::from_rows(&rows).map_err(CleanupError::query(STEP))
+    }
+
+    /// Sleeps `wait` outside any transaction, counting it under `reason` as it goes, and
+    /// renewing the lease whenever a third of its time has passed since the last renewal. Ends
+    /// early with `Some(Shutdown)`, with `Some(at_deadline)` at `cleanup.max_run_time`, or with
+    /// `Some(LeaseLost)` when a renewal finds another run holding the lease.
+    async fn wait(
+        &mut self,
+        reason: ThrottleReason,
+        wait: Duration,
+        at_deadline: StopReason,
+    ) -> Result<Option<StopReason>, CleanupError> {
+        let deadline = self.started + self.cleanup.max_run_time;
+        let until = Instant::now() + wait;
+        loop {
+            let now = Instant::now();
+            if self.shutdown.is_cancelled() {
+                self.stopped_while_waiting_for = Some(reason);
+                return Ok(Some(StopReason::Shutdown));
+            }
+            if now >= until {
+                return Ok(None);
+            }
+            if now >= deadline {
+                self.stopped_while_waiting_for = Some(reason);
+                return Ok(Some(at_deadline));
+            }
+            if let Some(stop) = self.renew_if_due().await? {
+                self.stopped_while_waiting_for = Some(reason);
+                return Ok(Some(stop));
+            }
+            let slice_end = until.min(deadline).min(now + MAX_WAIT_SLICE);
+            tokio::select! {
+                _ = tokio::time::sleep_until(slice_end.into()) => {}
+                _ = self.shutdown.cancelled() => {}
+            }
+            let slept = now.elapsed();
+            self.meter.throttled(reason, slept);
+            match reason {
+                ThrottleReason::ReplicaLag => self.throttled_replica_lag += slept,
+                ThrottleReason::Rate => self.throttled_rate += slept,
+            }
+        }
+    }
+
+    /// Renews the lease in a transaction of its own when a third of its time has passed since
+    /// the last renewal (a leased run only): a wait must not let it expire.
+    async fn renew_if_due(&mut self) -> Result<Option<StopReason>, CleanupError> {
+        let Some(renewal) = &self.renewal else {
+            return Ok(None);
+        };
+        if self.last_renewal.elapsed() < renewal.lease.ttl() / 3 {
+            return Ok(None);
+        }
+        match renewal.lease.renew(&self.conn, self.cleanup).await {
+            Ok(()) => {
+                self.last_renewal = Instant::now();
+                Ok(None)
+            }
+            Err(e) if e.class() == ErrorClass::LeaseLost => {
+                tracing::warn!(
+                    "another run holds the cleanup lease now (this run's had expired); stopping"
+                );
+                Ok(Some(StopReason::LeaseLost))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// `cleanup.pause_between_batches`, outside any transaction; cut short by shutdown.
     async fn pause(&self) {
         let pause = self.cleanup.pause_between_batches;
@@ -329,6 +509,11 @@ impl<'a> Engine<'a> {
             match result {
                 Ok(rows) => {
                     self.committed_batches += 1;
+                    self.rows_changed += rows.changed;
+                    if self.renewal.is_some() {
+                        // The batch renewed the lease before its statement, in its transaction.
+                        self.last_renewal = began;
+                    }
                     self.record_progress(phase, &rows);
                     self.meter.batch("committed", took);
                     match phase {
@@ -503,6 +688,23 @@ impl Meter<'_> {
         }
     }
 
+    fn throttled(&self, reason: ThrottleReason, waited: Duration) {
+        if let Some(m) = self.0 {
+            m.cleanup_throttled_seconds
+                .with_label_values(&[reason.label()])
+                .inc_by(waited.as_secs_f64());
+        }
+    }
+
+    fn replica_lag(&self, lag: &ReplicaLag) {
+        if let Some(m) = self.0 {
+            m.set_replica_lags(lag.standbys.iter().filter_map(|s| {
+                s.lag_bytes
+                    .map(|bytes| (s.application_name.as_str(), bytes))
+            }));
+        }
+    }
+
     fn lock_timeout(&self) {
         if let Some(m) = self.0 {
             m.cleanup_lock_timeouts.inc();
@@ -553,7 +755,9 @@ impl Meter<'_> {
                 .with_label_values(&[RunOutcome::Failed.label()])
                 .inc();
             m.cleanup_run_duration.observe(took.as_secs_f64());
-            m.db_error(error.sqlstate_class());
+            if let Some(class) = error.sqlstate_class() {
+                m.db_error(class);
+            }
         }
     }
 }

@@ -21,7 +21,8 @@
 //! Files, one concept each: `run` (one run, [`run_once`]), `engine` (the batch engine both phases
 //! share), `report` ([`RunReport`], [`StopReason`], [`RunOutcome`]), `keyset` (where a pass
 //! stands in its index), `dry_run`, `lease` ([`Lease`], the single-runner lease row), `history`
-//! ([`RecordedRun`], the `cleanup_runs` table) and [`sql`] (every statement). Nothing
+//! ([`RecordedRun`], the `cleanup_runs` table), `throttle` (the replica-lag and rate limits on a
+//! run's pace: [`ReplicaLag`], [`rate_wait`]) and [`sql`] (every statement). Nothing
 //! here prints: the CLI renders reports, the scheduler and the CLI report failures. When runs
 //! happen is [`crate::scheduler`]'s business.
 
@@ -33,14 +34,20 @@ mod lease;
 mod report;
 mod run;
 pub mod sql;
+mod throttle;
 
 pub use dry_run::{
     dry_run, dry_run_with_purge, DryRunReport, DueCount, OutboxPreview, PurgePreview,
+    ReplicaPreview,
 };
 pub use history::RecordedRun;
 pub use lease::{lease_ttl, Lease, LeaseState, LEASE_NAME};
 pub use report::{RunOutcome, RunReport, StopReason};
-pub use run::{run_leased, run_once, server_refuses_writes, LeasedRun, RunLimits, STOP_GRACE};
+pub use run::{
+    check_replica_lag_visible, run_leased, run_once, server_refuses_writes, LeasedRun, RunLimits,
+    STOP_GRACE,
+};
+pub use throttle::{rate_wait, ReplicaLag, StandbyLag, ThrottleReason};
 
 use std::future::Future;
 use std::time::Duration;
@@ -93,17 +100,35 @@ pub enum CleanupError {
         #[source]
         source: DbError,
     },
+    /// `cleanup.max_replica_lag` is set but the role cannot see the standbys' replay positions
+    /// (for other roles' walsenders `pg_stat_replication` shows them only to superusers and
+    /// members of `pg_read_all_stats`): the setting is refused rather than silently ignored.
+    #[error(
+        "cleanup.max_replica_lag is set, but role {role:?} cannot see the standbys' replay \
+         positions (pg_stat_replication shows them only to superusers and members of \
+         pg_read_all_stats): GRANT pg_monitor TO \"{role}\", or turn the setting off"
+    )]
+    ReplicaLagHidden {
+        /// The role tombstoned connects as.
+        role: String,
+    },
 }
 
 impl CleanupError {
-    /// The failure's class, from its SQLSTATE.
+    /// The failure's class, from its SQLSTATE ([`ErrorClass::Other`] for a refused setting).
     pub fn class(&self) -> ErrorClass {
-        self.db_error().class()
+        self.db_error().map_or(ErrorClass::Other, DbError::class)
     }
 
-    /// The SQLSTATE class for `tombstoned_db_errors_total{sqlstate_class}`.
-    pub fn sqlstate_class(&self) -> &str {
-        self.db_error().sqlstate_class()
+    /// The SQLSTATE class for `tombstoned_db_errors_total{sqlstate_class}`; `None` when the
+    /// failure is not a database error (a refused setting).
+    pub fn sqlstate_class(&self) -> Option<&str> {
+        self.db_error().map(DbError::sqlstate_class)
+    }
+
+    /// True when a setting was refused (the configuration's to fix: exit status 64).
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, CleanupError::ReplicaLagHidden { .. })
     }
 
     /// The error and its causes on one line, safe for logs and status lines: a server error
@@ -118,11 +143,12 @@ impl CleanupError {
         self.class() == ErrorClass::Unavailable
     }
 
-    fn db_error(&self) -> &DbError {
+    fn db_error(&self) -> Option<&DbError> {
         match self {
             CleanupError::Connect(e)
             | CleanupError::Database { source: e, .. }
-            | CleanupError::RetriesExhausted { source: e, .. } => e,
+            | CleanupError::RetriesExhausted { source: e, .. } => Some(e),
+            CleanupError::ReplicaLagHidden { .. } => None,
         }
     }
 

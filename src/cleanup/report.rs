@@ -6,6 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use super::throttle::ThrottleReason;
+
 /// Why a run stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -21,6 +23,9 @@ pub enum StopReason {
     /// Another run took the single-runner lease (this one's had expired): the batch that found
     /// out rolled back, and no other started.
     LeaseLost,
+    /// `cleanup.max_run_time` was reached while the run waited for a standby to replay to
+    /// within `cleanup.max_replica_lag`.
+    ReplicaLag,
 }
 
 impl StopReason {
@@ -32,6 +37,7 @@ impl StopReason {
             StopReason::MaxBatches => "max_batches",
             StopReason::Shutdown => "shutdown",
             StopReason::LeaseLost => "lease_lost",
+            StopReason::ReplicaLag => "replica_lag",
         }
     }
 }
@@ -115,6 +121,15 @@ pub struct RunReport {
     /// The 99th percentile of batch transaction durations.
     #[serde(rename = "batch_p99_seconds", serialize_with = "seconds")]
     pub batch_p99: Duration,
+    /// Time spent waiting for standbys to replay to within `cleanup.max_replica_lag`.
+    #[serde(rename = "throttled_replica_lag_seconds", serialize_with = "seconds")]
+    pub throttled_replica_lag: Duration,
+    /// Time spent waiting to keep to `cleanup.max_rows_per_second`.
+    #[serde(rename = "throttled_rate_seconds", serialize_with = "seconds")]
+    pub throttled_rate: Duration,
+    /// What the run was waiting for when a shutdown or `cleanup.max_run_time` ended it
+    /// (`None`: it did not end during a wait).
+    pub stopped_while_waiting_for: Option<ThrottleReason>,
     /// Why the run stopped.
     pub stopped_by: StopReason,
     /// `success`, or `partial` when the run stopped early with rows still due.
@@ -161,12 +176,18 @@ mod tests {
             oldest_due_age: None,
             slowest_batch: Duration::from_millis(20),
             batch_p99: Duration::from_millis(20),
-            stopped_by: StopReason::MaxRunTime,
+            throttled_replica_lag: Duration::from_millis(2500),
+            throttled_rate: Duration::ZERO,
+            stopped_while_waiting_for: Some(ThrottleReason::ReplicaLag),
+            stopped_by: StopReason::ReplicaLag,
             outcome: RunOutcome::Partial,
         };
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["duration_seconds"], 1.5);
-        assert_eq!(json["stopped_by"], "max_run_time");
+        assert_eq!(json["stopped_by"], "replica_lag");
+        assert_eq!(json["stopped_while_waiting_for"], "replica_lag");
+        assert_eq!(json["throttled_replica_lag_seconds"], 2.5);
+        assert_eq!(json["throttled_rate_seconds"], 0.0);
         assert_eq!(json["outcome"], "partial");
         assert_eq!(json["oldest_due_age_seconds"], serde_json::Value::Null);
         assert_eq!(RunOutcome::SkippedLease.label(), "skipped_lease");

@@ -13,6 +13,7 @@ use super::history::{finish_run, ProgressCell, RunRecord};
 use super::keyset::{Key, KeyRange};
 use super::lease::{Lease, LeaseState};
 use super::report::{RunOutcome, RunReport, StopReason};
+use super::throttle::ReplicaLag;
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
 use crate::db::{self, pipeline, Conn, ErrorClass, Param};
@@ -52,6 +53,36 @@ pub async fn server_refuses_writes(
     } else {
         None
     })
+}
+
+/// With `cleanup.max_replica_lag` set, checks that the role can see the standbys' replay
+/// positions, and refuses the setting ([`CleanupError::ReplicaLagHidden`]) when it cannot:
+/// `serve` and `tombstoned cleanup` call it at start-up, so the refusal is said once, before any
+/// run (a run checks again at each poll, for a role that lost the grant later). Without the
+/// setting it does nothing. Opens, asks and closes one session.
+pub async fn check_replica_lag_visible(
+    db: &DatabaseConfig,
+    cleanup: &CleanupConfig,
+) -> Result<(), CleanupError> {
+    if cleanup.max_replica_lag.is_none() {
+        return Ok(());
+    }
+    const STEP: &str = "checking that the role can see the standbys' replay lag";
+    let session = db::connect(db, "cleanup")
+        .await
+        .map_err(CleanupError::Connect)?;
+    let rows = super::bounded(
+        cleanup.statement_timeout,
+        STEP,
+        session.conn().query(sql::REPLICA_LAG, &[]),
+    )
+    .await?;
+    let lag = ReplicaLag::from_rows(&rows).map_err(CleanupError::query(STEP))?;
+    if lag.visible {
+        Ok(())
+    } else {
+        Err(CleanupError::ReplicaLagHidden { role: lag.role })
+    }
 }
 
 /// Limits a caller puts on one run, on top of the configuration's `cleanup.max_run_time`.
@@ -377,6 +408,9 @@ impl Run<'_> {
             oldest_due_age,
             slowest_batch,
             batch_p99,
+            throttled_replica_lag: engine.throttled_replica_lag,
+            throttled_rate: engine.throttled_rate,
+            stopped_while_waiting_for: engine.stopped_while_waiting_for,
             stopped_by,
             outcome,
         })

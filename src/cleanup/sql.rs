@@ -65,6 +65,27 @@ pub const DRY_RUN_END: &str = "ROLLBACK";
 /// The run's cutoff: the database clock, read once, fixed for the whole run.
 pub const CUTOFF: &str = "SELECT now()";
 
+/// The standbys' replay lag, as the server the cleaner writes to sees it (`cleanup.max_replica_lag`
+/// and the dry run; [`super::throttle`]): whether this role may see the positions
+/// (`pg_read_all_stats`, which `pg_monitor` includes; always true for a superuser), the role,
+/// and one row per walsender — or one row with `false` in the third column when there is none.
+/// Bytes behind: from the server's WAL insert position (its replay position when it is itself a
+/// standby, so a dry run against a cascading standby works too) to the walsender's `replay_lsn`,
+/// NULL until the standby has reported one. The insert position, not `pg_current_wal_lsn()`
+/// (the write position): batches commit with `synchronous_commit = off`, so a batch's WAL may
+/// not be written yet when the next check runs, and the lag it is about to cause would be missed. Reads shared memory only: no table, no
+/// lock, microseconds — sent before each batch while the setting is on, and every
+/// poll of a waiting run.
+pub const REPLICA_LAG: &str = "\
+SELECT v.visible, current_user::text, s.pid IS NOT NULL,
+       coalesce(s.application_name, ''), s.state,
+       pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                            ELSE pg_current_wal_insert_lsn() END,
+                       s.replay_lsn)::bigint
+FROM (SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') AS visible) AS v
+LEFT JOIN pg_stat_replication AS s ON true
+ORDER BY s.application_name, s.pid";
+
 /// Tombstone one batch, waiting (up to `lock_timeout`) for rows other sessions hold.
 pub const TOMBSTONE_BATCH: &str = "\
 WITH picked AS MATERIALIZED (

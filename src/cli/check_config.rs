@@ -54,6 +54,17 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     );
     let _ = writeln!(
         out,
+        "cleanup throttles: max_replica_lag {}, max_rows_per_second {}",
+        c.max_replica_lag.map_or("off".to_owned(), |bytes| format!(
+            "{} (the role needs pg_monitor to see the lag: checked when serve and cleanup \
+             start, which refuse the setting without it)",
+            crate::config::byte_size_text(bytes)
+        )),
+        c.max_rows_per_second
+            .map_or("off".to_owned(), |n| format!("{n} rows/s")),
+    );
+    let _ = writeln!(
+        out,
         "cleanup lease: lasts {} from each renewal (2 x statement_timeout + \
          pause_between_batches + 30s); history keeps {} runs",
         humantime::format_duration(crate::cleanup::lease_ttl(c)),

@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::CleanupArgs;
 use crate::cleanup::{
-    dry_run_with_purge, run_leased, DryRunReport, LeasedRun, RunLimits, RunReport, STOP_GRACE,
+    dry_run_with_purge, run_leased, DryRunReport, LeasedRun, ReplicaPreview, RunLimits, RunReport,
+    STOP_GRACE,
 };
 use crate::config::Config;
 use crate::db;
@@ -45,6 +46,11 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         }
         return Ok(Exit::Success);
     }
+
+    // A throttle the role cannot observe is refused before the run, once (exit 64).
+    crate::cleanup::check_replica_lag_visible(&config.database, &config.cleanup)
+        .await
+        .context("checking cleanup.max_replica_lag")?;
 
     // Installed before anything touches the database, so a signal is obeyed at every step.
     let shutdown = CancellationToken::new();
@@ -127,6 +133,9 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         crate::cleanup::StopReason::MaxBatches => "stopped at --max-batches",
         crate::cleanup::StopReason::Shutdown => "stopped by a signal",
         crate::cleanup::StopReason::LeaseLost => "stopped: another run took the cleanup lease",
+        crate::cleanup::StopReason::ReplicaLag => {
+            "stopped at cleanup.max_run_time while waiting for a standby to catch up"
+        }
     };
     let _ = writeln!(out, "cleanup {stopped} (cutoff {})", timestamp(r.cutoff));
     let _ = writeln!(out, "  rows tombstoned   {}", r.rows_tombstoned);
@@ -137,6 +146,23 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         let _ = writeln!(out, "  retries           {}", r.retries);
     }
     let _ = writeln!(out, "  duration          {}", secs(r.duration));
+    if !r.throttled_replica_lag.is_zero() || !r.throttled_rate.is_zero() {
+        let _ = writeln!(
+            out,
+            "  throttled         {} waiting for standbys, {} for the rate cap",
+            secs(r.throttled_replica_lag),
+            secs(r.throttled_rate)
+        );
+    }
+    if let Some(reason) = r.stopped_while_waiting_for {
+        let what = match reason {
+            crate::cleanup::ThrottleReason::ReplicaLag => {
+                "a standby to replay to within cleanup.max_replica_lag"
+            }
+            crate::cleanup::ThrottleReason::Rate => "cleanup.max_rows_per_second",
+        };
+        let _ = writeln!(out, "  stopped while     waiting for {what}");
+    }
     let _ = writeln!(out, "  rows/s            {:.0}", r.rows_per_second);
     let _ = writeln!(
         out,
@@ -188,6 +214,59 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         }
     }
     out
+}
+
+/// The dry run's replica section: the throttle settings, then each standby's lag (or why it
+/// cannot be shown).
+fn render_replicas(out: &mut String, r: &ReplicaPreview) {
+    let limit = r
+        .max_replica_lag_bytes
+        .map_or("off".to_owned(), crate::config::byte_size_text);
+    let rate = r
+        .max_rows_per_second
+        .map_or("off".to_owned(), |n| format!("{n} rows/s"));
+    let _ = writeln!(
+        out,
+        "  throttles         max_replica_lag {limit}, max_rows_per_second {rate}"
+    );
+    if !r.lag.visible {
+        let _ = writeln!(
+            out,
+            "  standbys          replay lag not visible to role {:?} (needs pg_monitor or \
+             pg_read_all_stats){}",
+            r.lag.role,
+            if r.max_replica_lag_bytes.is_some() {
+                "; cleanup.max_replica_lag is refused"
+            } else {
+                ""
+            }
+        );
+        return;
+    }
+    if r.lag.standbys.is_empty() {
+        let _ = writeln!(out, "  standbys          none connected");
+        return;
+    }
+    let _ = writeln!(out, "  standbys (replay lag):");
+    for s in &r.lag.standbys {
+        let name = if s.application_name.is_empty() {
+            "(no application_name)"
+        } else {
+            s.application_name.as_str()
+        };
+        let lag = s.lag_bytes.map_or_else(
+            || "unknown (no replay position reported yet)".to_owned(),
+            |b| format!("{b} bytes"),
+        );
+        let state = s.state.as_deref().unwrap_or("?");
+        let _ = writeln!(out, "    {name:>20}  {state:<10} {lag}");
+    }
+    if r.would_wait {
+        let _ = writeln!(
+            out,
+            "  a run started now would wait for the standbys before its first batch"
+        );
+    }
 }
 
 /// The human report of a dry run.
@@ -249,6 +328,7 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
             let _ = writeln!(out, "  outbox retention  off");
         }
     }
+    render_replicas(&mut out, &r.replicas);
     for (title, list) in [
         ("top tenants by rows due", &r.top_tenants),
         ("top operations by rows due", &r.top_operations),
@@ -302,6 +382,9 @@ mod tests {
             oldest_due_age: Some(Duration::from_secs(3700)),
             slowest_batch: Duration::from_millis(40),
             batch_p99: Duration::from_millis(40),
+            throttled_replica_lag: Duration::from_millis(1500),
+            throttled_rate: Duration::from_secs(2),
+            stopped_while_waiting_for: None,
             stopped_by: StopReason::MaxBatches,
             outcome: RunOutcome::Partial,
         });
@@ -313,6 +396,7 @@ mod tests {
             "rows skipped      1",
             "duration          0.250 s",
             "rows/s            4800",
+            "throttled         1.500 s waiting for standbys, 2.000 s for the rate cap",
             "backlog left      7 rows (oldest overdue by 1h 1m 40s)",
             "purge             off",
             "outbox retention  4 events delivered before 2027-01-14T08:00:00.000Z \
@@ -354,6 +438,27 @@ mod tests {
                 delete_before: None,
                 events_to_delete: None,
             },
+            replicas: ReplicaPreview {
+                max_replica_lag_bytes: Some(64 << 20),
+                max_rows_per_second: None,
+                lag: crate::cleanup::ReplicaLag {
+                    visible: true,
+                    role: "app".into(),
+                    standbys: vec![
+                        crate::cleanup::StandbyLag {
+                            application_name: "replica1".into(),
+                            state: Some("streaming".into()),
+                            lag_bytes: Some(70_000_000),
+                        },
+                        crate::cleanup::StandbyLag {
+                            application_name: "replica2".into(),
+                            state: Some("startup".into()),
+                            lag_bytes: None,
+                        },
+                    ],
+                },
+                would_wait: true,
+            },
             plan: Some("Nested Loop\n  ->  Sort".into()),
         });
         for needle in [
@@ -367,6 +472,10 @@ mod tests {
             "outbox            3 pending (oldest 2m 5s old), 2 dead letters, 40 delivered",
             "outbox retention  off",
             "    Nested Loop",
+            "throttles         max_replica_lag 64MB, max_rows_per_second off",
+            "replica1  streaming  70000000 bytes",
+            "replica2  startup    unknown (no replay position reported yet)",
+            "would wait for the standbys",
         ] {
             assert!(text.contains(needle), "{needle:?} missing from\n{text}");
         }

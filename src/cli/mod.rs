@@ -218,6 +218,12 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
                 return Exit::Usage;
             }
         }
+        // cleanup.max_replica_lag with a role that cannot see the lag: the operator's to fix.
+        if let Some(e) = cause.downcast_ref::<crate::cleanup::CleanupError>() {
+            if e.is_configuration() {
+                return Exit::Usage;
+            }
+        }
         if let Some(db) = cause.downcast_ref::<DbError>() {
             return match db.class() {
                 ErrorClass::Unavailable => Exit::Unavailable,
@@ -439,6 +445,14 @@ mod tests {
                 "stdout failed otherwise",
                 StdoutError(io::Error::from(io::ErrorKind::StorageFull)).into(),
                 Exit::Software,
+            ),
+            (
+                "cleanup.max_replica_lag without pg_monitor",
+                anyhow::Error::new(crate::cleanup::CleanupError::ReplicaLagHidden {
+                    role: "app".into(),
+                })
+                .context("checking cleanup.max_replica_lag"),
+                Exit::Usage,
             ),
             ("anything else", anyhow::anyhow!("boom"), Exit::Software),
         ];

@@ -36,7 +36,9 @@ mod scheduler;
 mod schema;
 mod security;
 mod silent_proxy;
+mod standby;
 mod status;
+mod throttle;
 mod tls;
 
 /// The shared harness (`tombstoned_testkit::harness`), plus the binary only this package's tests
