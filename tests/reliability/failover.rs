@@ -434,9 +434,12 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
                 .or_default() += 1;
         }
         match &last.answer {
-            // Created or replayed, or created and its replay window closed since (410): the
-            // order the answer names is on the new primary.
-            Answer::Reply(r) if matches!(r.status, 200 | 201 | 410) => {
+            // Created or replayed, or created and its replay window closed since (a 410 naming
+            // an order): the order the answer names is on the new primary.
+            Answer::Reply(r)
+                if matches!(r.status, 200 | 201)
+                    || (r.status == 410 && order_id_of(last).is_some()) =>
+            {
                 let id = order_id_of(last).unwrap();
                 assert!(
                     state.orders.contains_key(&id),
@@ -444,8 +447,10 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
                 );
                 unknown_ended_in_order += 1;
             }
+            // Refused without an order: over the approval limit (stored, replayed, or expired
+            // since: a 410 naming no order), another order has the request_id, key reuse.
             Answer::Reply(r)
-                if r.status == 422
+                if matches!(r.status, 410 | 422)
                     || (r.status == 409 && r.problem() == "duplicate-request-id") => {}
             other => panic!("outcome-unknown key {key} never settled: {other:?}"),
         }
