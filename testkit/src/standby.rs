@@ -548,10 +548,10 @@ pub fn stop_immediately(primary: &ThrowawayCluster) -> Result<(), StandbyError> 
 }
 
 /// `kill <how> <pid>` (the server's processes belong to its owner; this process is root or
-/// that owner, so it may signal them).
+/// that owner, so it may signal them). The shell's builtin: no procps needed.
 fn signal(pid: i32, how: &str) -> Result<(), StandbyError> {
-    let output = Command::new("kill")
-        .arg(how)
+    let output = Command::new("sh")
+        .args(["-c", r#"kill "$1" "$2""#, "sh", how])
         .arg(pid.to_string())
         .output()
         .map_err(|source| StandbyError::Spawn {
