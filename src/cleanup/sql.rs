@@ -353,6 +353,13 @@ SELECT set_config('lock_timeout', $1, true),
 /// it renews. Otherwise `ON CONFLICT DO UPDATE` locks the row first, so two takers at once are
 /// serialised by the row lock and the second re-checks the first's expiry on the row's newest
 /// version: exactly one wins.
+///
+/// A take-over's instants are `clock_timestamp()` once the row is locked, not `now()`: the
+/// statement may have waited for the previous holder's last transaction (the one that released
+/// the lease and recorded its run), and `now()` — this transaction's start — would then date the
+/// take before that release, making the runs' [started, finished] intervals in `cleanup_runs`
+/// overlap although they took turns. One `clock_timestamp()` for all three columns keeps
+/// `renewed_at >= acquired_at`.
 pub const ACQUIRE_LEASE: &str = "\
 INSERT INTO {schema}.cleanup_lease AS l
     (name, holder, holder_pid, holder_application_name, acquired_at, renewed_at, expires_at)
@@ -365,10 +372,10 @@ ON CONFLICT (name) DO UPDATE
 SET holder = excluded.holder,
     holder_pid = excluded.holder_pid,
     holder_application_name = excluded.holder_application_name,
-    acquired_at = CASE WHEN l.holder = excluded.holder THEN l.acquired_at
-                       ELSE excluded.acquired_at END,
-    renewed_at = excluded.renewed_at,
-    expires_at = excluded.expires_at
+    (acquired_at, renewed_at, expires_at) = (
+        SELECT CASE WHEN l.holder = excluded.holder THEN l.acquired_at ELSE t.taken END,
+               t.taken, t.taken + $3::bigint * interval '1 millisecond'
+        FROM (SELECT clock_timestamp() AS taken) AS t)
 WHERE l.expires_at <= now() OR l.holder = excluded.holder
    OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid)
 RETURNING acquired_at, expires_at";

@@ -101,6 +101,9 @@ pub enum StandbyError {
     /// `pg_ctl promote` failed.
     #[error("pg_ctl promote failed: {0}")]
     Promote(String),
+    /// A signal could not be sent.
+    #[error("cannot signal the WAL receiver: {0}")]
+    Signal(String),
     /// `pg_ctl stop -m immediate` failed.
     #[error("pg_ctl stop -m immediate failed: {0}")]
     Stop(String),
@@ -125,6 +128,8 @@ pub struct Standby {
     library_dir: Option<PathBuf>,
     supervisor: Child,
     keepalive: Option<ChildStdin>,
+    /// The WAL receiver [`Standby::stall_wal_receiver`] stopped, continued on drop.
+    stalled: std::sync::Mutex<Option<i32>>,
 }
 
 /// The supervisor, run as the cluster's owner with positional arguments: bin dir, primary
@@ -327,6 +332,7 @@ impl Standby {
             library_dir: primary.library_dir().map(Path::to_path_buf),
             supervisor,
             keepalive,
+            stalled: std::sync::Mutex::new(None),
         })
     }
 
@@ -412,6 +418,40 @@ impl Standby {
         Ok(())
     }
 
+    /// Stops the standby's WAL receiver with SIGSTOP: it neither reads nor confirms WAL any
+    /// more, as with a stalled network or an overloaded standby, until
+    /// [`Self::resume_wal_receiver`]. Commits on the primary that wait for this standby
+    /// (synchronous replication) wait meanwhile, their COMMIT sent and unanswered; WAL the
+    /// primary already sent may still sit in the socket's buffers.
+    pub async fn stall_wal_receiver(&self) -> Result<(), StandbyError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT pid FROM pg_stat_wal_receiver", &[])
+            .await
+            .map_err(sql("standby"))?;
+        let Some(row) = row else {
+            return Err(StandbyError::Signal("no WAL receiver running".into()));
+        };
+        let pid: i32 = row.get(0);
+        signal(pid, "-STOP")?;
+        *self.stalled.lock().unwrap_or_else(|e| e.into_inner()) = Some(pid);
+        Ok(())
+    }
+
+    /// Continues the WAL receiver [`Self::stall_wal_receiver`] stopped (SIGCONT). Promotion
+    /// needs it running: the startup process asks it to exit first.
+    pub fn resume_wal_receiver(&self) -> Result<(), StandbyError> {
+        let pid = self
+            .stalled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match pid {
+            Some(pid) => signal(pid, "-CONT"),
+            None => Ok(()),
+        }
+    }
+
     /// `pg_ctl promote`, then waits until a session sees `pg_is_in_recovery() = false`: the
     /// standby is now a primary accepting writes.
     pub async fn promote(&self) -> Result<(), StandbyError> {
@@ -465,6 +505,7 @@ impl Standby {
 
 impl Drop for Standby {
     fn drop(&mut self) {
+        let _ = self.resume_wal_receiver();
         drop(self.keepalive.take()); // end-of-file: the supervisor stops and deletes
         let _ = self.supervisor.wait();
     }
@@ -503,6 +544,26 @@ pub fn stop_immediately(primary: &ThrowawayCluster) -> Result<(), StandbyError> 
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         )))
+    }
+}
+
+/// `kill <how> <pid>` (the server's processes belong to its owner; this process is root or
+/// that owner, so it may signal them). The shell's builtin: no procps needed.
+fn signal(pid: i32, how: &str) -> Result<(), StandbyError> {
+    let output = Command::new("sh")
+        .args(["-c", r#"kill "$1" "$2""#, "sh", how])
+        .arg(pid.to_string())
+        .output()
+        .map_err(|source| StandbyError::Spawn {
+            program: "kill",
+            source,
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(StandbyError::Signal(
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ))
     }
 }
 

@@ -136,6 +136,14 @@ pub struct Daemon {
 impl Daemon {
     /// Writes the files, starts the process and waits until `/readyz` answers 200.
     pub async fn start(spec: DaemonSpec) -> Daemon {
+        let mut daemon = Self::launch(spec).await;
+        daemon.wait_ready(Duration::from_secs(60)).await;
+        daemon
+    }
+
+    /// Writes the files and starts the process, without waiting for readiness (for daemons
+    /// that are not meant to become ready, or whose start-up a test times).
+    pub async fn launch(spec: DaemonSpec) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let (api_port, metrics_port) = (free_port(), free_port());
         let config_path = dir.path().join("tombstoned.toml");
@@ -153,7 +161,7 @@ impl Daemon {
             stderr: Arc::new(Mutex::new(String::new())),
             starts: 0,
         };
-        daemon.spawn().await;
+        daemon.spawn();
         daemon
     }
 
@@ -161,10 +169,11 @@ impl Daemon {
     /// files and ports, and waits for readiness.
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "still running");
-        self.spawn().await;
+        self.spawn();
+        self.wait_ready(Duration::from_secs(60)).await;
     }
 
-    async fn spawn(&mut self) {
+    fn spawn(&mut self) {
         let mut command = match self.spec.nofile {
             // prlimit sets the limit on itself and execs the daemon: same process id.
             Some(n) => {
@@ -204,7 +213,6 @@ impl Daemon {
         });
         self.child = Some(child);
         self.starts += 1;
-        self.wait_ready(Duration::from_secs(60)).await;
     }
 
     /// Polls `/readyz` until 200; panics (with the daemon's stderr) on timeout or exit.

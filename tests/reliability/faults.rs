@@ -39,7 +39,7 @@ async fn identity_checksum(client: &Client) -> (i64, String) {
 }
 
 /// Polls `probe` until it returns true; panics after `within`.
-async fn until<F, Fut>(what: &str, within: Duration, mut probe: F) -> Duration
+pub(crate) async fn until<F, Fut>(what: &str, within: Duration, mut probe: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

@@ -8,6 +8,7 @@
 //! PostgreSQL start a cluster of their own ([`daemon::OwnCluster`]).
 
 mod daemon;
+mod failover;
 mod faults;
 mod hostile;
 mod ledger;
