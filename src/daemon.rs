@@ -52,6 +52,19 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     let notifier = Notifier::from_env();
     let metrics = Arc::new(Metrics::new().context("cannot register the metrics")?);
 
+    // The API's pool opens its first connection while the start-up check below opens its own:
+    // with a multi-host URL whose first host is silent, each pays `connect_timeout` on it side
+    // by side, not one after the other, so the first request is served one `connect_timeout`
+    // after start, not two. (Detached: bounded by the pool's own wait; the connection goes back
+    // to the pool, or nowhere if the check fails and the process exits.)
+    let api_state = if config.api.enabled {
+        let state = ApiState::new(&config, metrics.clone())?;
+        let pool = state.pool().clone();
+        tokio::spawn(async move { drop(pool.get().await) });
+        Some(state)
+    } else {
+        None
+    };
     // Database reachable and schema current, or no start at all (exit 69; systemd retries).
     {
         let session = db::connect(&config.database, "serve").await?;
@@ -69,8 +82,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
 
     // Bind both listeners before announcing readiness; a taken port is a configuration error.
     let ops_listener = listener::bind(config.metrics.listen).await?;
-    let api = if config.api.enabled {
-        let state = ApiState::new(&config, metrics.clone())?;
+    let api = if let Some(state) = api_state {
         let listener = tokio::net::TcpListener::bind(config.api.listen)
             .await
             .map_err(|source| ListenError {

@@ -23,10 +23,11 @@ use crate::ledger::{self, Answer, CheckOptions, DbState, Exchange, Kind, Ledger,
 use crate::load::{self, Api, LoadSpec, Mix};
 
 const BOUND: Duration = Duration::from_secs(30);
-/// The daemon's per-host connect timeout in these tests.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// What a loaded 2-core machine needs on top of a timeout.
-const MARGIN: Duration = Duration::from_secs(4);
+/// Test 3's per-host connect timeout, and what a loaded 2-core machine needs on top of it:
+/// long enough that paying the timeout twice (the start-up check, then the pool's first
+/// connection, one after the other) breaks the bound.
+const FIRST_HOST_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const FIRST_HOST_MARGIN: Duration = Duration::from_secs(2);
 
 /// A primary with a migrated database `ha` and a streaming standby of it.
 struct Pair {
@@ -542,8 +543,12 @@ async fn silent_listener() -> (u16, tokio::task::JoinHandle<()>) {
 /// Starts `serve` on `url` and times it from the spawn to its first 201.
 async fn time_to_first_order(url: &str) -> Duration {
     let started = Instant::now();
-    let mut daemon =
-        Daemon::launch(DaemonSpec::new(url).set("database", "connect_timeout", "\"1s\"")).await;
+    let mut daemon = Daemon::launch(DaemonSpec::new(url).set(
+        "database",
+        "connect_timeout",
+        &format!("\"{}s\"", FIRST_HOST_CONNECT_TIMEOUT.as_secs()),
+    ))
+    .await;
     let api = Api::new(&daemon.api, Duration::from_secs(20));
     let who = ledger::WRITERS[1];
     let body = r#"{"request_id":"first","amount":"12.00","item":"x","recipient":"r@example.com"}"#;
@@ -581,9 +586,12 @@ async fn serve_starts_and_serves_through_the_second_host_when_the_first_is_unrea
         let took = time_to_first_order(&url).await;
         figures += &format!(
             "first host a {what}: serve started and answered its first 201 after {took:?} \
-             (connect_timeout {CONNECT_TIMEOUT:?})\n"
+             (connect_timeout {FIRST_HOST_CONNECT_TIMEOUT:?})\n"
         );
-        assert!(took <= CONNECT_TIMEOUT + MARGIN, "{figures}");
+        assert!(
+            took <= FIRST_HOST_CONNECT_TIMEOUT + FIRST_HOST_MARGIN,
+            "{figures}"
+        );
     }
     crate::publish_figures("failover-first-host-unreachable", &figures);
 }
