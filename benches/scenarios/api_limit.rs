@@ -351,8 +351,12 @@ fn pgbench_args(bench: &Bench, workload: Workload) -> (&'static str, Vec<(&'stat
             "operation",
             tombstoned::claim::OPERATION_CREATE_ORDER.to_owned(),
         ),
-        // Any 32 bytes: the API hashes the request; the database only stores them.
-        ("fingerprint", format!("\\x{}", "ab".repeat(32))),
+        // Any 32 bytes: the API hashes the request; the database only stores them. Replays:
+        // the fingerprint of pgbench's replay set (`seed::pgbench_replay_twin`).
+        (
+            "fingerprint",
+            format!("\\x{}", hex::encode(crate::seed::PGBENCH_FINGERPRINT)),
+        ),
         ("amount_minor", AMOUNT_MINOR.to_string()),
         ("amount", AMOUNT.to_owned()),
         ("currency", "CNY".to_owned()),
@@ -368,7 +372,7 @@ fn pgbench_args(bench: &Bench, workload: Workload) -> (&'static str, Vec<(&'stat
             d.extend([
                 ("replay_keys", bench.scale.s4_replay_keys.to_string()),
                 ("tenant", "tenant-0".to_owned()),
-                ("principal", "principal-0".to_owned()),
+                ("principal", crate::seed::PGBENCH_PRINCIPAL.to_owned()),
                 ("request_id", uuid::Uuid::new_v4().to_string()),
                 ("order_id", uuid::Uuid::now_v7().to_string()),
                 ("event_id", uuid::Uuid::now_v7().to_string()),
@@ -379,7 +383,7 @@ fn pgbench_args(bench: &Bench, workload: Workload) -> (&'static str, Vec<(&'stat
 }
 
 /// The API side: client `c` claims as principal `c % 16` (as pgbench's client `c` does), or
-/// replays a random record of the replay set (principal 0, like pgbench's replays).
+/// replays a random record of the replay set (principal 0; pgbench replays its twin).
 fn requests(bench: &Bench, workload: Workload) -> Make {
     match workload {
         Workload::Claims => Arc::new(|c, _rng| {

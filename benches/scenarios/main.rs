@@ -241,6 +241,7 @@ impl Bench {
                 }];
                 let report = seed::seed(&client, &name, &batches).await?;
                 seed::verify(&client, "s4r", &[1, n], true).await?;
+                seed::pgbench_replay_twin(&client).await?;
                 report
             }
             other => bail!("no template {other}"),
