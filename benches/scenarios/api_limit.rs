@@ -18,6 +18,7 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::json;
 
+use crate::cleanup::{statement_stats, StatementStats};
 use crate::cpu::{self, Spent};
 use crate::daemon::{Daemon, Memory};
 use crate::http_load::{closed_loop, error_kinds, post_order, Expect, LoadResult, Make};
@@ -66,6 +67,10 @@ pub struct Group {
     pub api_cpu: Vec<Spent>,
     /// CPU seconds spent during each pgbench trial, by process.
     pub pgbench_cpu: Vec<Spent>,
+    /// The busiest statements of each measured API trial (pg_stat_statements; empty without it).
+    pub api_statements: Vec<Vec<StatementStats>>,
+    /// The same for each measured pgbench trial.
+    pub pgbench_statements: Vec<Vec<StatementStats>>,
     /// Claims only: pgbench running claim.sql's extra UUID query alone, tx/s.
     pub uuid_query_tps: Option<f64>,
     /// Daemon memory right after start-up.
@@ -263,7 +268,25 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
     let mut pg = Vec::new();
     let mut api_cpu = Vec::new();
     let mut pgbench_cpu = Vec::new();
+    let mut api_statements = Vec::new();
+    let mut pgbench_statements = Vec::new();
     let admin = bench.server.admin().await?;
+    let stats = bench.server.has_pg_stat_statements().await;
+    let reset_stats = || async {
+        if stats {
+            admin
+                .batch_execute("SELECT pg_stat_statements_reset()")
+                .await?;
+        }
+        anyhow::Ok(())
+    };
+    let take_stats = || async {
+        if stats {
+            statement_stats(&admin, &db).await
+        } else {
+            Ok(Vec::new())
+        }
+    };
     let postmaster = cpu::postmaster_pid(bench.server.data_dir());
     let sample = || cpu::Sample::take(postmaster, Some(daemon.pid));
     for rep in 0..bench.scale.reps {
@@ -272,10 +295,12 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
             admin.batch_execute("CHECKPOINT").await?;
             if run_api {
                 closed_loop(daemon.api, clients, Duration::ZERO, warmup, make.clone()).await?;
+                reset_stats().await?;
                 let before = sample();
                 let r = closed_loop(daemon.api, clients, Duration::ZERO, duration, make.clone())
                     .await?;
                 let spent = sample().since(&before);
+                api_statements.push(take_stats().await?);
                 eprintln!(
                     "  rep {rep} {workload:?} x{clients} API      {:>7.0} tx/s, p99 {:>6.2} ms, errors {}, \
                      CPU µs/tx: postgres {:.0}, daemon {:.0}, load generator {:.0}; idle {:.0}%",
@@ -295,9 +320,11 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
                 // pgbench's backends exit after it; let the postmaster reap them, so their CPU
                 // lands in the sample it belongs to.
                 tokio::time::sleep(SETTLE).await;
+                reset_stats().await?;
                 let before = sample();
                 let r = pgbench::run(bench, &db, script, clients, duration, &defines).await?;
                 let machine = sample().since(&before);
+                pgbench_statements.push(take_stats().await?);
                 tokio::time::sleep(SETTLE).await;
                 let mut spent = sample().since(&before);
                 // The machine's idle share is that of the run, not of the wait after it.
@@ -337,6 +364,8 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
         pgbench: pg,
         api_cpu,
         pgbench_cpu,
+        api_statements,
+        pgbench_statements,
         uuid_query_tps,
         idle,
         after,

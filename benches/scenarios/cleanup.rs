@@ -370,7 +370,7 @@ fn project(ms: &[f64], total: f64) -> f64 {
     (a * total + b * total * (total - 1.0) / 2.0) / 1000.0
 }
 
-async fn statement_stats(admin: &Client, db: &str) -> Result<Vec<StatementStats>> {
+pub async fn statement_stats(admin: &Client, db: &str) -> Result<Vec<StatementStats>> {
     let rows = admin
         .query(
             "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 100), calls, total_exec_time,
