@@ -22,6 +22,12 @@ WITH existing AS (
     SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
     FROM "tombstoned".idempotency_records
     WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
+), replay AS (
+    SELECT status_code AS replay_status, response_body::text AS replay_body
+    FROM "tombstoned".idempotency_records
+    WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
+      AND fingerprint = :fingerprint::bytea AND NOT expired AND replay_deadline > now()
+    FOR SHARE
 ), claim AS (
     INSERT INTO "tombstoned".idempotency_records
         (tenant_id, principal_id, operation, idempotency_key, fingerprint,
@@ -46,9 +52,11 @@ WITH existing AS (
     FROM new_order CROSS JOIN claim
 )
 SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,
-       NULL::boolean AS expired, NULL::boolean AS past_deadline
+       NULL::boolean AS expired, NULL::boolean AS past_deadline, NULL::smallint AS status_code
 FROM claim
 UNION ALL
-SELECT false, NULL, order_id, fingerprint, expired, past_deadline FROM existing;
+SELECT false, replay.replay_body, existing.order_id, existing.fingerprint, existing.expired,
+       existing.past_deadline, replay.replay_status
+FROM existing LEFT JOIN replay ON true;
 COMMIT;
 \endpipeline

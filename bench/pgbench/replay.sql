@@ -2,10 +2,11 @@
 --   cargo bench --bench scenarios -- --write-pgbench-scripts
 -- Do not edit: the benchmark and tests/it/bench_scripts.rs fail when this file drifts.
 --
--- A replay exactly as the API runs it for an existing key: first the claim transaction (its
--- INSERT finds the key and inserts nothing), then the replay transaction (read_for_replay,
--- FOR SHARE, asynchronous commit); each pipelined in one round trip. Needs -M prepared.
--- Keys of the replay set are decimal numbers (pgbench can only make integers).
+-- A replay exactly as the API runs it for an existing key inside its window: the claim
+-- transaction, whose statement finds the key in its snapshot, inserts nothing and reads the
+-- body FOR SHARE (asynchronous commit), pipelined in one round trip. Needs -M prepared.
+-- Keys of the replay set are decimal numbers (pgbench can only make integers); its records
+-- carry the fingerprint pgbench sends (-D fingerprint), as the API's replays carry theirs.
 -- Constants (-D): replay_keys tenant principal, and claim.sql's constants plus request_id,
 -- order_id and event_id (never inserted: the key exists).
 \set n random(1, :replay_keys)
@@ -17,6 +18,12 @@ WITH existing AS (
     SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
     FROM "tombstoned".idempotency_records
     WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
+), replay AS (
+    SELECT status_code AS replay_status, response_body::text AS replay_body
+    FROM "tombstoned".idempotency_records
+    WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
+      AND fingerprint = :fingerprint::bytea AND NOT expired AND replay_deadline > now()
+    FOR SHARE
 ), claim AS (
     INSERT INTO "tombstoned".idempotency_records
         (tenant_id, principal_id, operation, idempotency_key, fingerprint,
@@ -41,20 +48,11 @@ WITH existing AS (
     FROM new_order CROSS JOIN claim
 )
 SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,
-       NULL::boolean AS expired, NULL::boolean AS past_deadline
+       NULL::boolean AS expired, NULL::boolean AS past_deadline, NULL::smallint AS status_code
 FROM claim
 UNION ALL
-SELECT false, NULL, order_id, fingerprint, expired, past_deadline FROM existing;
-COMMIT;
-\endpipeline
-\startpipeline
-BEGIN ISOLATION LEVEL READ COMMITTED;
-SELECT set_config('lock_timeout', :lock_timeout, true), set_config('synchronous_commit', 'off', true);
-SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
-       replay_deadline <= now() AS past_deadline
-FROM "tombstoned".idempotency_records
-WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
-  AND NOT expired AND replay_deadline > now()
-FOR SHARE;
+SELECT false, replay.replay_body, existing.order_id, existing.fingerprint, existing.expired,
+       existing.past_deadline, replay.replay_status
+FROM existing LEFT JOIN replay ON true;
 COMMIT;
 \endpipeline

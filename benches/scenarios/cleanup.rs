@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio_postgres::Client;
@@ -370,7 +370,7 @@ fn project(ms: &[f64], total: f64) -> f64 {
     (a * total + b * total * (total - 1.0) / 2.0) / 1000.0
 }
 
-async fn statement_stats(admin: &Client, db: &str) -> Result<Vec<StatementStats>> {
+pub async fn statement_stats(admin: &Client, db: &str) -> Result<Vec<StatementStats>> {
     let rows = admin
         .query(
             "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 100), calls, total_exec_time,
@@ -903,6 +903,150 @@ pub async fn scenario2(bench: &mut Bench) -> Result<ScenarioResult> {
             "trials": trials,
             "small_run_trials": small_runs,
             "reference_trials_run_here": need_reference,
+        }),
+        seconds: 0.0,
+    })
+}
+
+/// Scenario 6: scenario 1's (a) against (b) on a second throwaway cluster with initdb's default
+/// settings ([`crate::server::DEFAULT_SCALE_SETTINGS`]: 128 MB of shared buffers, 1 GB
+/// `max_wal_size`, durable), 300,000 records of which half are due — where a batch's fixed cost
+/// weighs more and checkpoints start inside a run. Alternates the two approaches like scenario 1.
+pub async fn scenario6(bench: &mut Bench) -> Result<ScenarioResult> {
+    if !bench.server.is_throwaway() {
+        bail!("scenario 6 starts its own default-settings cluster: run it without --database-url");
+    }
+    let defaults =
+        crate::server::Server::start_with(None, crate::server::DEFAULT_SCALE_SETTINGS, &[]).await?;
+    let tuned = std::mem::replace(&mut bench.server, defaults);
+    let outcome = scenario6_on(bench).await;
+    let defaults = std::mem::replace(&mut bench.server, tuned);
+    bench.templates.remove("s6");
+    defaults.drop_all().await;
+    outcome
+}
+
+async fn scenario6_on(bench: &mut Bench) -> Result<ScenarioResult> {
+    let template = bench.template("s6").await?;
+    let settings = bench.server.non_default_settings().await?;
+    let order = [Approach::Tombstoned, Approach::SingleUpdate];
+    let mut trials = Vec::new();
+    for rep in 0..bench.scale.reps {
+        for k in 0..order.len() {
+            trials.push(trial(bench, &template, order[(rep + k) % order.len()], rep, false).await?);
+        }
+    }
+    let quick = bench.scale.quick;
+    let rate = |a| values(&trials, a, |t| t.rows_per_second);
+    let (a, b) = (rate(Approach::Tombstoned), rate(Approach::SingleUpdate));
+    let (ma, mb) = (
+        median(&a).unwrap_or(f64::NAN),
+        median(&b).unwrap_or(f64::NAN),
+    );
+    let r_ab = ratio(ma, mb);
+    let pair_ab = median_of_pair_ratios(&a, &b).unwrap_or(f64::NAN);
+    let worst_p99 = values(&trials, Approach::Tombstoned, |t| {
+        t.batch_p99_ms.unwrap_or(0.0)
+    })
+    .iter()
+    .copied()
+    .fold(0.0, f64::max);
+    let slowest = values(&trials, Approach::Tombstoned, |t| t.slowest_batch_ms);
+    let wal_per_row = |approach| {
+        median(&values(&trials, approach, |t| {
+            t.wal_bytes as f64 / t.rows.max(1) as f64
+        }))
+        .unwrap_or(f64::NAN)
+    };
+    let checkpoints_of =
+        |approach| range(&values(&trials, approach, |t| t.checkpoints as f64), 0, "");
+    let records = bench.scale.s6_records;
+    let mut checks = Vec::new();
+    let rows = vec![
+        Row {
+            scenario: 6,
+            metric: format!(
+                "default settings: cleanup rows/s, {} due of {records}: (a) vs (b) one UPDATE",
+                records / 2
+            ),
+            baseline: num(mb, 0),
+            tombstoned: num(ma, 0),
+            ratio: num(r_ab, 3),
+            pair_ratio: num(pair_ab, 3),
+            range: format!("a {} / b {}", range(&a, 0, ""), range(&b, 0, "")),
+            target: ">= 1.0".into(),
+            verdict: check(
+                &mut checks,
+                6,
+                "default settings: tombstoned cleanup rows/s >= 1.0 x single UPDATE",
+                r_ab,
+                ">= 1.0",
+                r_ab >= 1.0,
+                quick,
+            ),
+        },
+        Row {
+            scenario: 6,
+            metric: "default settings: (a) batch lock hold p99, ms (worst trial)".into(),
+            baseline: format!(
+                "(b) holds all {} s",
+                num(
+                    median(&values(&trials, Approach::SingleUpdate, |t| t.seconds))
+                        .unwrap_or(f64::NAN),
+                    1
+                )
+            ),
+            tombstoned: num(worst_p99, 1),
+            ratio: String::new(),
+            pair_ratio: String::new(),
+            range: format!("slowest {}", range(&slowest, 1, " ms")),
+            target: "<= 100 ms".into(),
+            verdict: check(
+                &mut checks,
+                6,
+                "default settings: batch p99 <= 100 ms",
+                worst_p99,
+                "<= 100 ms",
+                worst_p99 <= 100.0,
+                quick,
+            ),
+        },
+        Row {
+            scenario: 6,
+            metric: format!(
+                "default settings: WAL bytes per row; checkpoints in a trial a {} / b {}",
+                checkpoints_of(Approach::Tombstoned),
+                checkpoints_of(Approach::SingleUpdate)
+            ),
+            baseline: num(wal_per_row(Approach::SingleUpdate), 0),
+            tombstoned: num(wal_per_row(Approach::Tombstoned), 0),
+            ratio: num(
+                ratio(
+                    wal_per_row(Approach::Tombstoned),
+                    wal_per_row(Approach::SingleUpdate),
+                ),
+                2,
+            ),
+            pair_ratio: String::new(),
+            range: String::new(),
+            target: String::new(),
+            verdict: String::new(),
+        },
+    ];
+    Ok(ScenarioResult {
+        id: 6,
+        title: "Cleanup throughput on default server settings".into(),
+        rows,
+        checks,
+        details: json!({
+            "records": records,
+            "rows_due": records / 2,
+            "batch_size": bench.batch_size.unwrap_or(DEFAULT_BATCH),
+            "server_settings": settings,
+            "median_rows_per_second": {"tombstoned": ma, "single_update": mb},
+            "ratio_tombstoned_to_single_update": r_ab,
+            "median_pair_ratio": pair_ab,
+            "trials": trials,
         }),
         seconds: 0.0,
     })

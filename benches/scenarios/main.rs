@@ -10,7 +10,8 @@
 //! 2. cost follows the work (5M tombstones, 0.5 % of 1M live due),
 //! 3. replays over HTTP while the cleaner runs,
 //! 4. the API against pgbench running the same SQL transactions (`bench/pgbench/`),
-//! 5. storage per key and WAL per tombstoned row.
+//! 5. storage per key and WAL per tombstoned row,
+//! 6. cleanup throughput on a second cluster with initdb's default settings (300,000 records).
 //!
 //! It uses the release-profile `tombstoned` binary cargo builds for it (`CARGO_BIN_EXE_…`), starts
 //! a throwaway PostgreSQL with the settings in [`server::SETTINGS`] (or uses `--database-url`),
@@ -47,8 +48,8 @@ struct Args {
     /// Small scale, one repetition, targets reported but not gated (CI smoke test).
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (1-5), e.g. `--only 1` or `--only 1,3`.
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=5))]
+    /// Run only these scenarios (1-6), e.g. `--only 1` or `--only 1,3`.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=6))]
     only: Vec<u8>,
     /// Repetitions per measurement (default 3, or 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
@@ -112,6 +113,8 @@ pub struct Scale {
     pub s4_warmup_seconds: u64,
     /// Scenario 4: records in the replay set.
     pub s4_replay_keys: i64,
+    /// Scenario 6 (default server settings): records, half of them due.
+    pub s6_records: i64,
     /// Repetitions.
     pub reps: usize,
     /// Whether this is the quick (CI) scale.
@@ -133,6 +136,7 @@ impl Scale {
                 s4_seconds: 2,
                 s4_warmup_seconds: 1,
                 s4_replay_keys: 10_000,
+                s6_records: 60_000,
                 reps,
                 quick,
             }
@@ -148,6 +152,7 @@ impl Scale {
                 s4_seconds: 5,
                 s4_warmup_seconds: 1,
                 s4_replay_keys: 100_000,
+                s6_records: 300_000,
                 reps,
                 quick,
             }
@@ -241,6 +246,18 @@ impl Bench {
                 }];
                 let report = seed::seed(&client, &name, &batches).await?;
                 seed::verify(&client, "s4r", &[1, n], true).await?;
+                seed::pgbench_replay_twin(&client).await?;
+                report
+            }
+            "s6" => {
+                // Scenario 6 (on its default-settings cluster): scenario 1's shape, smaller.
+                self.server.create_db(&name).await?;
+                migrate(&self.server, &name).await?;
+                let client = self.server.connect(&name).await?;
+                let n = self.scale.s6_records;
+                let due = n / 2;
+                let report = seed::seed(&client, &name, &live_batches("s6", 0, n, due)).await?;
+                seed::verify(&client, "s6", &[1, due, due + 1, n], false).await?;
                 report
             }
             other => bail!("no template {other}"),
@@ -399,7 +416,7 @@ async fn run(args: Args) -> Result<()> {
     let load_start = loadavg();
     let scale = Scale::new(args.quick, args.reps);
     let only: Vec<u8> = if args.only.is_empty() {
-        vec![1, 2, 3, 4, 5]
+        vec![1, 2, 3, 4, 5, 6]
     } else {
         args.only.clone()
     };
@@ -461,6 +478,7 @@ async fn run(args: Args) -> Result<()> {
                 3 => replays::scenario3(&mut bench).await?,
                 4 => api_limit::scenario4(&mut bench).await?,
                 5 => storage::scenario5(&mut bench).await?,
+                6 => cleanup::scenario6(&mut bench).await?,
                 _ => unreachable!("validated by clap"),
             };
             result.seconds = t.elapsed().as_secs_f64();

@@ -371,6 +371,36 @@ pub fn tokens_file() -> String {
     out
 }
 
+/// The scope of pgbench's replay set (`api_limit`): a twin of the decimal-key replay set.
+pub const PGBENCH_PRINCIPAL: &str = "principal-pgbench";
+
+/// The fingerprint pgbench sends with every claim and replay (`-D fingerprint`), as bytes.
+pub const PGBENCH_FINGERPRINT: [u8; 32] = [0xab; 32];
+
+/// A twin of the decimal-key replay set in [`PGBENCH_PRINCIPAL`]'s scope, each record with
+/// [`PGBENCH_FINGERPRINT`]: pgbench cannot hash a request, so its replays send one constant
+/// fingerprint, and a replay reads the body (FOR SHARE) only when the fingerprint matches — the
+/// twin lets pgbench's replays do the very work the API's do, on records of the same shape.
+pub async fn pgbench_replay_twin(client: &Client) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+                 idempotency_key, fingerprint, status_code, response_body, order_id,
+                 created_at, replay_deadline)
+             SELECT tenant_id, $1, operation, idempotency_key, $2, status_code,
+                    response_body, order_id, created_at, replay_deadline
+             FROM idempotency_records
+             WHERE tenant_id = 'tenant-0' AND principal_id = 'principal-0'
+               AND idempotency_key ~ '^[0-9]+$'",
+            &[&PGBENCH_PRINCIPAL, &&PGBENCH_FINGERPRINT[..]],
+        )
+        .await?;
+    client
+        .batch_execute("VACUUM ANALYZE idempotency_records")
+        .await?;
+    Ok(())
+}
+
 /// Checks that the records seeded in SQL are the records the Rust side would replay: for a few
 /// `i`, the stored row exists under the Rust key and scope, and its fingerprint is the one
 /// `tombstoned::fingerprint` computes from the Rust request body.

@@ -42,6 +42,24 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("track_io_timing", "on", "I/O time in EXPLAIN (ANALYZE, BUFFERS)"),
 ];
 
+/// The settings of scenario 6's cluster: initdb's defaults (`shared_buffers` 128MB,
+/// `max_wal_size` 1GB, `checkpoint_timeout` 5min, ...) except what the profile needs; durability
+/// stated as in [`SETTINGS`].
+pub const DEFAULT_SCALE_SETTINGS: &[(&str, &str, &str)] = &[
+    (
+        "fsync",
+        "on",
+        "durable (the default; stated because test clusters turn it off)",
+    ),
+    ("synchronous_commit", "on", "durable (the default)"),
+    ("full_page_writes", "on", "durable (the default)"),
+    (
+        "shared_preload_libraries",
+        "pg_stat_statements",
+        "per-statement time, buffers and WAL for the profiles",
+    ),
+];
+
 /// One setting as the server reports it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Setting {
@@ -73,6 +91,15 @@ impl Server {
     /// server at `url` (whose role must be allowed to create databases; its settings are
     /// reported, not changed).
     pub async fn start(url: Option<&str>, extra: &[(String, String)]) -> Result<Server> {
+        Self::start_with(url, SETTINGS, extra).await
+    }
+
+    /// [`Server::start`] with `settings` instead of [`SETTINGS`] for a throwaway cluster.
+    pub async fn start_with(
+        url: Option<&str>,
+        settings: &[(&str, &str, &str)],
+        extra: &[(String, String)],
+    ) -> Result<Server> {
         let (admin, cluster, bin_dir) = match url {
             Some(url) => (
                 url.parse::<tokio_postgres::Config>()
@@ -83,7 +110,7 @@ impl Server {
             None => {
                 let bin_dir = find_bin_dir().context("PostgreSQL server binaries")?;
                 let mut options = ClusterOptions::default();
-                for (name, value, _) in SETTINGS {
+                for (name, value, _) in settings {
                     let needs_library = name.starts_with("pg_stat_statements")
                         || *name == "shared_preload_libraries";
                     if needs_library && !has_library(&bin_dir, "pg_stat_statements") {

@@ -30,8 +30,17 @@
 //! in-flight owner of the key (bounded by `lock_timeout`), and if that owner commits it returns
 //! no row and the CTEs insert nothing.
 //!
-//! A record inside its replay window, or no row at all → replay attempt, a new transaction (so a
-//! new snapshot, which sees the record the INSERT conflicted with):
+//! When the key is in the snapshot with the request's fingerprint and its replay window open,
+//! the same statement also reads the record `FOR SHARE` and returns its stored status and body
+//! (the `replay` CTE, [`sql::REPLAY`], which has the locking argument): a replay is this one
+//! round trip. That transaction commits synchronously, as every claim transaction does (the
+//! statement cannot know in advance it will be a replay): one WAL flush, shared with concurrent
+//! commits, for its lock marker.
+//!
+//! No row at all (an in-flight owner committed the key while the INSERT waited: a key the
+//! snapshot could not see), or a record inside its window that the locking read no longer
+//! found (it changed after the snapshot) → replay attempt, a new transaction (so a new snapshot,
+//! which sees the record the INSERT conflicted with):
 //!
 //! ```sql
 //! BEGIN ISOLATION LEVEL READ COMMITTED;

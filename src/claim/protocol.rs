@@ -39,10 +39,19 @@ pub(super) async fn claim_on(
                     return owned(row, req);
                 }
                 // The key was already in the claim's snapshot, read without a lock: key reuse
-                // and "expired" are answered from it; a replay needs the body, read FOR SHARE.
+                // and "expired" are answered from it; a replay needs the body, which the same
+                // statement read FOR SHARE while the window was open (`sql::REPLAY`).
                 if let Some(outcome) = without_body(&row, req)? {
                     return Ok(outcome);
                 }
+                let locked: Option<&str> = row
+                    .try_get("body")
+                    .map_err(|e| ClaimError::Database(DbError::Query(e)))?;
+                if locked.is_some() {
+                    return existing(&row, req);
+                }
+                // No body: the record changed after the snapshot (tombstoned, or its window
+                // closed) — the replay transaction answers from the record as it is now.
             }
             Ok(None) => {}
             Err(failure) => {

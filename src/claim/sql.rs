@@ -51,6 +51,35 @@ macro_rules! existing_cte {
     };
 }
 
+/// `replay AS (...`: the claim statements' locking read of the body (see [`REPLAY`]); the
+/// caller closes the parenthesis.
+macro_rules! replay_cte {
+    () => {
+        "replay AS (
+    SELECT status_code AS replay_status, response_body::text AS replay_body
+    FROM {schema}.idempotency_records
+    WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
+      AND fingerprint = $5::bytea AND NOT expired AND replay_deadline > now()
+    FOR SHARE
+"
+    };
+}
+
+/// The final `SELECT` of both claim statements: the owner's row from `claim`, or the record from
+/// `existing` with the body `replay` locked (NULL when it locked none).
+macro_rules! claim_result {
+    () => {
+        ")
+SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,
+       NULL::boolean AS expired, NULL::boolean AS past_deadline, NULL::smallint AS status_code
+FROM claim
+UNION ALL
+SELECT false, replay.replay_body, existing.order_id, existing.fingerprint, existing.expired,
+       existing.past_deadline, replay.replay_status
+FROM existing LEFT JOIN replay ON true"
+    };
+}
+
 /// Starts the claiming transaction; READ COMMITTED whatever the server's default.
 pub const BEGIN: &str = crate::db::sql::BEGIN_READ_COMMITTED;
 
@@ -69,11 +98,14 @@ pub const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)"
 ///
 /// Returns [`CLAIM_RESULT_COLUMNS`]: one row with `created` to the owner (`body`,
 /// `order_id`); one row with `created = false` describing the record when the statement's
-/// snapshot already holds the key (see [`EXISTING`]); no row when the key was committed by a
-/// concurrent owner while this INSERT waited for it.
+/// snapshot already holds the key (see [`EXISTING`]), with `body` and `status_code` when the
+/// record was share-locked for a replay (see [`REPLAY`]); no row when the key was committed by
+/// a concurrent owner while this INSERT waited for it.
 pub const CLAIM_AND_CREATE: &str =
     concat!(
     existing_cte!(),
+    "), ",
+    replay_cte!(),
     "), claim AS (\n",
     "    INSERT INTO {schema}.idempotency_records\n",
     "        (tenant_id, principal_id, operation, idempotency_key, fingerprint,\n",
@@ -100,12 +132,7 @@ pub const CLAIM_AND_CREATE: &str =
     "           jsonb_build_object('order', claim.response_body,\n",
     "                              'metadata', coalesce($16::jsonb, '{}'::jsonb))\n",
     "    FROM new_order CROSS JOIN claim\n",
-    ")\n",
-    "SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,\n",
-    "       NULL::boolean AS expired, NULL::boolean AS past_deadline\n",
-    "FROM claim\n",
-    "UNION ALL\n",
-    "SELECT false, NULL, order_id, fingerprint, expired, past_deadline FROM existing"
+    claim_result!()
 );
 
 /// Claim the key with a deterministic business rejection as its stored, terminal outcome
@@ -117,6 +144,8 @@ pub const CLAIM_AND_CREATE: &str =
 /// Returns [`CLAIM_RESULT_COLUMNS`] like [`CLAIM_AND_CREATE`] (`order_id` is NULL).
 pub const CLAIM_REJECTED: &str = concat!(
     existing_cte!(),
+    "), ",
+    replay_cte!(),
     "), claim AS (
     INSERT INTO {schema}.idempotency_records
         (tenant_id, principal_id, operation, idempotency_key, fingerprint,
@@ -126,22 +155,19 @@ pub const CLAIM_REJECTED: &str = concat!(
     WHERE NOT EXISTS (SELECT FROM existing)
     ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
     RETURNING order_id, response_body
-)
-SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,
-       NULL::boolean AS expired, NULL::boolean AS past_deadline
-FROM claim
-UNION ALL
-SELECT false, NULL, order_id, fingerprint, expired, past_deadline FROM existing"
+",
+    claim_result!()
 );
 
 /// The columns both claim statements return, in order.
-pub const CLAIM_RESULT_COLUMNS: [&str; 6] = [
+pub const CLAIM_RESULT_COLUMNS: [&str; 7] = [
     "created",
     "body",
     "order_id",
     "fingerprint",
     "expired",
     "past_deadline",
+    "status_code",
 ];
 
 /// The `existing` part of both claim statements, for the documentation: the record as the
@@ -151,6 +177,35 @@ pub const CLAIM_RESULT_COLUMNS: [&str; 6] = [
 /// seen here; the INSERT then waits for that owner, as the protocol requires, and finds the
 /// conflict.)
 pub const EXISTING: &str = concat!(existing_cte!(), ")");
+
+/// The `replay` part of both claim statements, for the documentation: a replay in the claim's
+/// one round trip. The locking argument, part by part:
+///
+/// - It reads the same snapshot as [`EXISTING`] (one statement, one snapshot), so it returns a
+///   row only when `existing` does — and then the claim INSERT (`WHERE NOT EXISTS (SELECT FROM
+///   existing)`) inserts nothing. A key *not* in the snapshot is never looked for here: that
+///   case stays the protocol's, the INSERT waits for the in-flight owner and the statement
+///   returns no row, and the caller reads the record `FOR SHARE` in a new transaction
+///   ([`READ_FOR_REPLAY`]), whose new snapshot sees it. Nothing assumes this statement can see a
+///   row committed after its snapshot.
+/// - `FOR SHARE` is the lock [`READ_FOR_REPLAY`] takes, on the same rows: inside the window
+///   only, so it never waits for the cleaner (which locks only rows past its cutoff, a database
+///   time at or before this transaction's `now()`), and it blocks the cleaner's tombstoning
+///   UPDATE until this transaction ends — the body returned is the one the replay sends. When
+///   the row changed after the snapshot (tombstoned, or its window closed), READ COMMITTED locks
+///   the newest version and re-checks the conditions on it: `NOT expired AND replay_deadline >
+///   now()` then fail and nothing is locked or returned; the caller falls back to the replay
+///   transaction, which answers from the row as it now is. Waiting for a conflicting lock is
+///   bounded by the transaction's `lock_timeout` (55P03: "in progress"), as in the replay
+///   transaction.
+/// - `fingerprint = $5`: the body is read only for the same intent; key reuse never learns the
+///   stored response (the caller checks the fingerprint from `existing` first anyway).
+/// - The transaction commits synchronously, like every claim (the claim's statement cannot know
+///   in advance that it will be a replay, and a claim's 201 must be durable before it is sent):
+///   the lock marker gives it a commit record, so a replay here waits for one WAL flush, shared
+///   with concurrent commits. The replay transaction ([`SET_REPLAY_SETTINGS`]) still commits
+///   asynchronously.
+pub const REPLAY: &str = concat!("WITH ", replay_cte!(), ")");
 
 /// Starts the replay transaction's settings: `$1` = `api.claim_lock_timeout` like
 /// [`SET_LOCK_TIMEOUT`], and asynchronous commit — the replay's only write is its transient

@@ -35,9 +35,6 @@ const CLAIM_PARAMS: [&str; 16] = [
     "metadata",
 ];
 
-/// `read_for_replay`'s parameters.
-const REPLAY_PARAMS: [&str; 4] = ["tenant", "principal", "operation", "key"];
-
 /// `set_lock_timeout`'s parameter.
 const LOCK_PARAMS: [&str; 1] = ["lock_timeout"];
 
@@ -127,22 +124,19 @@ fn claim_script() -> String {
 fn replay_script() -> String {
     format!(
         "{HEADER}--
--- A replay exactly as the API runs it for an existing key: first the claim transaction (its
--- INSERT finds the key and inserts nothing), then the replay transaction (read_for_replay,
--- FOR SHARE, asynchronous commit); each pipelined in one round trip. Needs -M prepared.
--- Keys of the replay set are decimal numbers (pgbench can only make integers).
+-- A replay exactly as the API runs it for an existing key inside its window: the claim
+-- transaction, whose statement finds the key in its snapshot, inserts nothing and reads the
+-- body FOR SHARE (asynchronous commit), pipelined in one round trip. Needs -M prepared.
+-- Keys of the replay set are decimal numbers (pgbench can only make integers); its records
+-- carry the fingerprint pgbench sends (-D fingerprint), as the API's replays carry theirs.
 -- Constants (-D): replay_keys tenant principal, and claim.sql's constants plus request_id,
 -- order_id and event_id (never inserted: the key exists).
 \\set n random(1, :replay_keys)
 \\set key {DECIMAL_KEY_BASE} + :n
-{}{}",
+{}",
         pipeline(
             sql::SET_LOCK_TIMEOUT,
             &substitute(qualify(sql::CLAIM_AND_CREATE, SCHEMA), &CLAIM_PARAMS)
-        ),
-        pipeline(
-            sql::SET_REPLAY_SETTINGS,
-            &substitute(qualify(sql::READ_FOR_REPLAY, SCHEMA), &REPLAY_PARAMS)
         )
     )
 }
