@@ -65,6 +65,13 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     );
     let _ = writeln!(
         out,
+        "cleanup workers: {} ({} database sessions during a run: the run's own and one per \
+         worker, besides database.pool_size's)",
+        c.workers,
+        c.workers + u32::from(c.workers > 1),
+    );
+    let _ = writeln!(
+        out,
         "cleanup lease: lasts {} from each renewal (2 x statement_timeout + \
          pause_between_batches + 30s); history keeps {} runs",
         humantime::format_duration(crate::cleanup::lease_ttl(c)),
