@@ -154,7 +154,7 @@ pub async fn dry_run_with_purge(
     let report = super::bounded(
         bound.saturating_mul(DRY_RUN_STATEMENTS),
         "running the dry run",
-        read(&session.conn(), cleanup, retention, explain),
+        Box::pin(read(&session.conn(), cleanup, retention, explain)),
     )
     .await?;
     // Nothing was written; rolling back says so.

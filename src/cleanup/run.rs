@@ -132,7 +132,8 @@ pub async fn run_once(
             started,
             progress: &progress,
         };
-        run.run(None).await
+        // Boxed: a run's future (its engine's, its workers') is large for a caller's stack.
+        Box::pin(run.run(None)).await
     })
     .await;
     report_result(meter, &result, started);
@@ -210,10 +211,10 @@ pub async fn run_leased(
             started,
             progress: &progress,
         };
-        run.run(Some(Renewal {
+        Box::pin(run.run(Some(Renewal {
             lease: &lease,
             statement,
-        }))
+        })))
         .await
     })
     .await;
