@@ -186,18 +186,27 @@ pub(super) async fn tombstone(
     let count = u32::try_from(slices.len()).unwrap_or(u32::MAX);
     tracing::debug!(workers = count, ?slices, "cleanup workers start");
     let team = Team::new(count);
-    let results = {
+    let done = CancellationToken::new();
+    let (results, renewals) = {
         let workers = slices
             .into_iter()
             .map(|slice| Box::pin(worker(crew, cutoff, slice, &team)));
         // Boxed: a worker's future (its engine's, with its session) is large, and N of them
         // side by side on the stack would overflow a small thread stack.
         let all = futures::future::try_join_all(workers);
-        tokio::select! {
-            results = all => results?,
-            failed = keep_lease(crew, conn, &team) => return Err(failed),
-        }
+        // Joined, not raced: a renewal in flight when the workers end finishes its transaction
+        // before the run's session is used again.
+        tokio::join!(
+            async {
+                let results = all.await;
+                done.cancel();
+                results
+            },
+            keep_lease(crew, conn, &team, &done),
+        )
     };
+    let results = results?;
+    renewals?;
     let mut total = TeamResult {
         phase: PhaseResult::default(),
         batch_durations: Vec::new(),
@@ -250,15 +259,24 @@ async fn worker<'a>(
     Ok((phase, Figures::of(engine)))
 }
 
-/// Renews the lease on the run's session a third of its length apart while the workers run
-/// (the one place it is renewed). Returns only with an error; a lease found lost stops the team
-/// (`lease_lost`, each worker at its next batch, whose check fails too) and then just waits.
-async fn keep_lease(crew: &Crew<'_>, conn: &Conn<'_>, team: &Team) -> CleanupError {
+/// Renews the lease on the run's session a third of its length apart until `done` (the one
+/// place it is renewed while the workers run). A lease found lost stops the team (`lease_lost`,
+/// each worker at its next batch, whose check fails too); a renewal that fails otherwise stops
+/// the team too, and fails the run once the workers have stopped.
+async fn keep_lease(
+    crew: &Crew<'_>,
+    conn: &Conn<'_>,
+    team: &Team,
+    done: &CancellationToken,
+) -> Result<(), CleanupError> {
     let Some(lease) = crew.lease else {
-        return std::future::pending().await;
+        return Ok(());
     };
     loop {
-        tokio::time::sleep(lease.ttl() / 3).await;
+        tokio::select! {
+            () = tokio::time::sleep(lease.ttl() / 3) => {}
+            () = done.cancelled() => return Ok(()),
+        }
         match lease.renew(conn, crew.cleanup).await {
             Ok(()) => {}
             Err(e) if e.class() == ErrorClass::LeaseLost => {
@@ -266,9 +284,12 @@ async fn keep_lease(crew: &Crew<'_>, conn: &Conn<'_>, team: &Team) -> CleanupErr
                     "another run holds the cleanup lease now (this run's had expired); stopping"
                 );
                 team.stop(StopReason::LeaseLost);
-                return std::future::pending().await;
+                return Ok(());
             }
-            Err(e) => return e,
+            Err(e) => {
+                team.stop(StopReason::LeaseLost);
+                return Err(e);
+            }
         }
     }
 }

@@ -276,3 +276,62 @@ async fn a_stop_reaches_every_worker_and_max_batches_counts_them_all() {
         DUE_ROWS as u64
     );
 }
+
+#[tokio::test]
+async fn the_rate_cap_holds_for_the_whole_run_and_the_run_renews_the_lease_while_workers_work() {
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    seed_live(&observer, "slow", 60, DUE).await;
+    // The lease lasts 2 x 2s + 30s = 34s and is renewed every ~11.3s; the cap makes the run
+    // last at least (60 - 5) / 4 = 13.75 s, whatever the number of workers.
+    let config = db.config_with(&[
+        ("TOMBSTONED_CLEANUP__WORKERS", "2"),
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "5"),
+        ("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "1s"),
+        ("TOMBSTONED_CLEANUP__STATEMENT_TIMEOUT", "2s"),
+        ("TOMBSTONED_CLEANUP__MAX_ROWS_PER_SECOND", "4"),
+    ]);
+    let cleaner = {
+        let config = config.clone();
+        tokio::spawn(async move { leased(&config, None).await })
+    };
+    // The run's own session takes the lease and renews it while the workers work.
+    let deadline = std::time::Instant::now() + 2 * BARRIER;
+    let taken = loop {
+        if let Some(state) = lease_state(&observer).await.filter(|s| s.held) {
+            break state;
+        }
+        assert!(std::time::Instant::now() < deadline, "lease never taken");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let renewed = loop {
+        let state = lease_state(&observer).await.expect("lease row");
+        if state.renewed_at > taken.renewed_at {
+            break state;
+        }
+        assert!(
+            state.held,
+            "the run ended before renewing its lease: {state:?}"
+        );
+        assert!(std::time::Instant::now() < deadline, "lease never renewed");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(renewed.holder, taken.holder);
+    assert_eq!(
+        renewed.holder_pid, taken.holder_pid,
+        "renewed from the run's session, not a worker's"
+    );
+    let LeasedRun::Ran(report) = cleaner.await.unwrap() else {
+        panic!("the run was skipped");
+    };
+    assert_eq!(report.workers, 2);
+    assert_eq!(report.rows_tombstoned, 60);
+    assert_eq!(report.stopped_by, StopReason::Finished);
+    assert!(
+        report.duration >= std::time::Duration::from_secs_f64(13.75),
+        "two workers kept to the run's cap together: {:?}",
+        report.duration
+    );
+    assert!(report.throttled_rate > std::time::Duration::ZERO);
+    assert_lease_free(&observer).await;
+}
