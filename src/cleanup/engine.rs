@@ -6,7 +6,9 @@
 //! transaction ([`super::lease`]): a batch that finds the lease lost rolls back and ends the run.
 //! Before each batch the engine waits as `cleanup.max_rows_per_second` and
 //! `cleanup.max_replica_lag` ask ([`super::throttle`]), outside any transaction, renewing the
-//! lease when a wait outlasts a third of it.
+//! lease when a wait outlasts a third of it. With `cleanup.workers > 1` each worker runs an engine
+//! of its own over its slice ([`super::workers`]), in a [`Team`] that shares the run's stop
+//! reason, batch count and rate cap, its batches guarded by a [`LeaseCheck`].
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
