@@ -256,7 +256,15 @@ pub struct CleanupConfig {
     /// The most rows a run changes per second, the waits spread between batches; `None` is no
     /// cap. Default: `off`. Reload: applied (next run).
     pub max_rows_per_second: Option<u32>,
+    /// Sessions that tombstone one run's due rows at once, each over its own slice of the due
+    /// deadlines (1..=[`MAX_CLEANUP_WORKERS`]). Default: 1. Reload: applied (next run).
+    pub workers: u32,
 }
+
+/// The most `cleanup.workers` a run may use: each is a database session of its own (on top of
+/// the run's own session and `database.pool_size`), and beyond the server's cores more sessions
+/// only contend for them.
+pub const MAX_CLEANUP_WORKERS: u32 = 16;
 
 /// The default cleanup schedule: every five minutes.
 const DEFAULT_CLEANUP_SCHEDULE: &str = "*/5 * * * *";
@@ -276,6 +284,7 @@ impl Default for CleanupConfig {
             history_runs: 100,
             max_replica_lag: None,
             max_rows_per_second: None,
+            workers: 1,
         }
     }
 }
@@ -489,6 +498,7 @@ struct RawCleanup {
     // "off" or a size such as "64MB".
     max_replica_lag: String,
     max_rows_per_second: RawLimit,
+    workers: i64,
 }
 
 /// A limit the file writes as a number or as `"off"` (an environment variable always arrives as
@@ -588,6 +598,7 @@ impl Default for RawCleanup {
                 || RawLimit::Text("off".to_owned()),
                 |n| RawLimit::Number(integer(n)),
             ),
+            workers: integer(d.workers),
         }
     }
 }
@@ -1255,6 +1266,15 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
             ),
             d.max_rows_per_second,
         ),
+        workers: p.take(
+            in_range(
+                "cleanup.workers",
+                cleanup.workers,
+                1,
+                i64::from(MAX_CLEANUP_WORKERS),
+            ),
+            d.workers,
+        ),
     };
     if timeouts_ok && cleanup.lock_timeout >= cleanup.statement_timeout {
         p.push(ConfigError::Invalid {
@@ -1603,6 +1623,7 @@ mod tests {
             ("cleanup.max_rows_per_second", |c| {
                 c.cleanup.max_rows_per_second = Some(100)
             }),
+            ("cleanup.workers", |c| c.cleanup.workers = 2),
             ("cleanup.lock_timeout", |c| {
                 c.cleanup.lock_timeout = Duration::from_secs(1)
             }),

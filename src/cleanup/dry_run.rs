@@ -60,6 +60,18 @@ pub struct ReplicaPreview {
     pub would_wait: bool,
 }
 
+/// One worker's share of a run started now (`cleanup.workers`): its slice of the due deadlines
+/// and the rows due in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WorkerSlice {
+    /// First deadline of the slice, inclusive (`None`: from the beginning).
+    pub from: Option<DateTime<Utc>>,
+    /// Last deadline of the slice, inclusive.
+    pub to: DateTime<Utc>,
+    /// Rows due in it.
+    pub rows_due: u64,
+}
+
 /// What a dry run found. Durations serialise as seconds.
 #[derive(Debug, Clone, Serialize)]
 pub struct DryRunReport {
@@ -83,6 +95,12 @@ pub struct DryRunReport {
     pub top_tenants: Vec<DueCount>,
     /// The operations with the most rows due (at most 10).
     pub top_operations: Vec<DueCount>,
+    /// `cleanup.workers`.
+    pub workers: u32,
+    /// How a run started now would split the due rows between its workers (one slice per
+    /// worker that would run: fewer than `workers` when few rows are due or many share one
+    /// deadline).
+    pub worker_slices: Vec<WorkerSlice>,
     /// Tombstones in total.
     pub tombstones: u64,
     /// Records not yet expired (due or not).
@@ -107,9 +125,9 @@ pub async fn dry_run(
 }
 
 /// At most how many statements a dry run's read sends (settings, cutoff, counts, tops, totals,
-/// purge and outbox previews, the replica lag, the plans with `--explain`): its client-side bound is that many
-/// `cleanup.statement_timeout`s.
-const DRY_RUN_STATEMENTS: u32 = 16;
+/// purge and outbox previews, the replica lag, the plans with `--explain`, the workers' split and
+/// one count per worker): its client-side bound is that many `cleanup.statement_timeout`s.
+const DRY_RUN_STATEMENTS: u32 = 17 + crate::config::MAX_CLEANUP_WORKERS;
 
 /// [`dry_run`], plus what the retention purge would delete when `retention` configures it.
 #[tracing::instrument(skip_all, fields(schema = %db.schema))]
@@ -136,7 +154,7 @@ pub async fn dry_run_with_purge(
     let report = super::bounded(
         bound.saturating_mul(DRY_RUN_STATEMENTS),
         "running the dry run",
-        read(&session.conn(), cleanup, retention, explain),
+        Box::pin(read(&session.conn(), cleanup, retention, explain)),
     )
     .await?;
     // Nothing was written; rolling back says so.
@@ -166,6 +184,26 @@ async fn read(
     let due = client.query_one(sql::DRY_RUN_DUE, &[&cutoff]).await?;
     let rows_due = count(due.try_get(0)?);
     let oldest_due_deadline: Option<DateTime<Utc>> = due.try_get(1)?;
+    let worker_slices = if cleanup.workers > 1 {
+        let mut slices = Vec::new();
+        for range in super::workers::split_due_in(client, cleanup.workers, cutoff).await? {
+            let row = client
+                .query_one(sql::DUE_IN_RANGE, &[&range.from, &range.to])
+                .await?;
+            slices.push(WorkerSlice {
+                from: range.from,
+                to: range.to,
+                rows_due: count(row.try_get(0)?),
+            });
+        }
+        slices
+    } else {
+        vec![WorkerSlice {
+            from: None,
+            to: cutoff,
+            rows_due,
+        }]
+    };
     let top_tenants = top(client, sql::DRY_RUN_TOP_TENANTS, cutoff).await?;
     let top_operations = top(client, sql::DRY_RUN_TOP_OPERATIONS, cutoff).await?;
     let totals = client.query_one(sql::DRY_RUN_TOTALS, &[]).await?;
@@ -252,6 +290,8 @@ async fn read(
         oldest_due_overdue: oldest_due_deadline.and_then(|d| (cutoff - d).to_std().ok()),
         top_tenants,
         top_operations,
+        workers: cleanup.workers,
+        worker_slices,
         tombstones: count(totals.try_get(0)?),
         live_records: count(totals.try_get(1)?),
         purge,

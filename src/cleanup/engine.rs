@@ -6,9 +6,13 @@
 //! transaction ([`super::lease`]): a batch that finds the lease lost rolls back and ends the run.
 //! Before each batch the engine waits as `cleanup.max_rows_per_second` and
 //! `cleanup.max_replica_lag` ask ([`super::throttle`]), outside any transaction, renewing the
-//! lease when a wait outlasts a third of it.
+//! lease when a wait outlasts a third of it. With `cleanup.workers > 1` each worker runs an engine
+//! of its own over its slice ([`super::workers`]), in a [`Team`] that shares the run's stop
+//! reason, batch count and rate cap, its batches guarded by a [`LeaseCheck`].
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -102,6 +106,67 @@ pub(super) struct Renewal<'a> {
     pub(super) statement: Ready,
 }
 
+/// What the workers of one run (`cleanup.workers > 1`, [`super::workers`]) share, so that the
+/// run's limits hold for the run as a whole: the first reason that stops any worker stops all,
+/// `--max-batches` and the rate cap count every worker's batches and rows, and the rate cap's
+/// clock starts with the run's first batch.
+#[derive(Debug)]
+pub(super) struct Team {
+    workers: u32,
+    stopped: Mutex<Option<StopReason>>,
+    committed_batches: AtomicU64,
+    rows_changed: AtomicU64,
+    pace_started: OnceLock<Instant>,
+}
+
+impl Team {
+    pub(super) fn new(workers: u32) -> Team {
+        Team {
+            workers: workers.max(1),
+            stopped: Mutex::new(None),
+            committed_batches: AtomicU64::new(0),
+            rows_changed: AtomicU64::new(0),
+            pace_started: OnceLock::new(),
+        }
+    }
+
+    /// Records `reason` unless another worker stopped first; returns the reason that stops the
+    /// team (the first one).
+    pub(super) fn stop(&self, reason: StopReason) -> StopReason {
+        *self
+            .stopped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get_or_insert(reason)
+    }
+
+    fn stopped(&self) -> Option<StopReason> {
+        *self
+            .stopped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn committed_batches(&self) -> u64 {
+        self.committed_batches.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn rows_changed(&self) -> u64 {
+        self.rows_changed.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn pace_started(&self) -> Option<Instant> {
+        self.pace_started.get().copied()
+    }
+}
+
+/// A worker's lease check ([`super::sql::LEASE_HELD`], prepared on its session): the guard of
+/// its batches, instead of the renewal a single-session run pipelines into each batch.
+pub(super) struct LeaseCheck<'a> {
+    pub(super) lease: &'a Lease,
+    pub(super) statement: Ready,
+}
+
 /// The parameter types of [`sql::BATCH_SETTINGS`]: lock_timeout, statement_timeout.
 static BATCH_SETTINGS_TYPES: [Type; 2] = [Type::TEXT, Type::TEXT];
 
@@ -147,6 +212,10 @@ pub(super) struct Engine<'a> {
     pub(super) throttled_rate: Duration,
     /// What the run was waiting for when it was stopped, if it was stopped during a wait.
     pub(super) stopped_while_waiting_for: Option<ThrottleReason>,
+    /// The run's other workers, when it has several.
+    team: Option<&'a Team>,
+    /// A worker's lease check, when its run holds the lease.
+    lease_check: Option<LeaseCheck<'a>>,
 }
 
 impl<'a> Engine<'a> {
@@ -194,7 +263,51 @@ impl<'a> Engine<'a> {
             throttled_replica_lag: Duration::ZERO,
             throttled_rate: Duration::ZERO,
             stopped_while_waiting_for: None,
+            team: None,
+            lease_check: None,
         })
+    }
+
+    /// This engine as one of a run's workers: limits, rate cap and stop shared with `team`,
+    /// each batch guarded by `lease_check` (the run renews the lease elsewhere).
+    pub(super) fn in_team(mut self, team: &'a Team, lease_check: Option<LeaseCheck<'a>>) -> Self {
+        self.team = Some(team);
+        self.lease_check = lease_check;
+        self
+    }
+
+    /// Continues a run whose tombstoning phase its workers did: their batches and rows count
+    /// toward `--max-batches`, `max_run_time`'s first batch and the rate cap from here on.
+    pub(super) fn carry_over(&mut self, team: &Team) {
+        self.committed_batches += team.committed_batches();
+        self.rows_changed += team.rows_changed();
+        if let Some(started) = team.pace_started() {
+            self.pace_started = Some(self.pace_started.map_or(started, |p| p.min(started)));
+        }
+    }
+
+    /// Batches committed by this run so far (every worker's, in a team).
+    fn committed(&self) -> u64 {
+        self.team
+            .map_or(self.committed_batches, Team::committed_batches)
+    }
+
+    /// Rows changed by this run so far (every worker's, in a team), for the rate cap.
+    fn rows_so_far(&self) -> u64 {
+        self.team.map_or(self.rows_changed, Team::rows_changed)
+    }
+
+    /// When the run's first batch began (the team's first, in a team), for the rate cap.
+    fn pace_start(&self) -> Option<Instant> {
+        match self.team {
+            Some(team) => team.pace_started(),
+            None => self.pace_started,
+        }
+    }
+
+    /// Ends this worker for `reason`, or for the reason another worker stopped first.
+    fn stop_reason(&self, reason: StopReason) -> StopReason {
+        self.team.map_or(reason, |team| team.stop(reason))
     }
 
     /// Walks the phase's index from the beginning up to `bound` (inclusive), batch by batch.
@@ -205,11 +318,26 @@ impl<'a> Engine<'a> {
     /// the end of the phase; what is still held then is left for the next run.
     ///
     /// `on_locked = "skip"`: every batch uses `SKIP LOCKED`; held rows are left for the next run.
-    #[tracing::instrument(level = "debug", skip(self), fields(?phase, %bound))]
     pub(super) async fn phase(
         &mut self,
         phase: Phase,
         bound: Key,
+    ) -> Result<PhaseResult, CleanupError> {
+        let whole = KeyRange {
+            from: None,
+            to: bound,
+        };
+        self.phase_over(phase, bound, whole).await
+    }
+
+    /// [`Engine::phase`] over the part `range` of the phase's index (a worker's slice): rows
+    /// outside it are left to others.
+    #[tracing::instrument(level = "debug", skip(self), fields(?phase, %bound, ?range))]
+    pub(super) async fn phase_over(
+        &mut self,
+        phase: Phase,
+        bound: Key,
+        range: KeyRange,
     ) -> Result<PhaseResult, CleanupError> {
         let (wait_sql, skip_sql) = phase.statements();
         let prepare = |text: &'static str| {
@@ -224,13 +352,7 @@ impl<'a> Engine<'a> {
         let waits = self.cleanup.on_locked == OnLocked::Wait;
 
         let mut result = PhaseResult::default();
-        let mut work = VecDeque::from([(
-            KeyRange {
-                from: None,
-                to: bound,
-            },
-            PassKind::Main,
-        )]);
+        let mut work = VecDeque::from([(range, PassKind::Main)]);
         let mut deferred = Revisit::default();
         while let Some((range, kind)) = work.pop_front() {
             // Rows passed over in the main pass of "wait" mode get one more try at the end.
@@ -238,14 +360,20 @@ impl<'a> Engine<'a> {
             let mut pass = Pass::new(range);
             loop {
                 if let Some(reason) = self.limit_reached() {
+                    let reason = self.stop_reason(reason);
                     stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
                     return Ok(result);
                 }
                 if let Some(reason) = self.throttle().await? {
+                    let reason = self.stop_reason(reason);
                     stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
                     return Ok(result);
                 }
-                self.pace_started.get_or_insert_with(Instant::now);
+                let now = Instant::now();
+                self.pace_started.get_or_insert(now);
+                if let Some(team) = self.team {
+                    team.pace_started.get_or_init(|| now);
+                }
                 let statement = if waits { &wait } else { &skip };
                 let first = self.batch(phase, statement, bound, &pass).await?;
                 let outcome = match first {
@@ -258,7 +386,7 @@ impl<'a> Engine<'a> {
                 };
                 let rows = match outcome {
                     BatchResult::LeaseLost => {
-                        let reason = StopReason::LeaseLost;
+                        let reason = self.stop_reason(StopReason::LeaseLost);
                         stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
                         return Ok(result);
                     }
@@ -314,16 +442,18 @@ impl<'a> Engine<'a> {
     }
 
     fn limit_reached(&self) -> Option<StopReason> {
-        if self.shutdown.is_cancelled() {
+        if let Some(reason) = self.team.and_then(Team::stopped) {
+            // Another worker stopped: the run stops, for the same reason.
+            Some(reason)
+        } else if self.shutdown.is_cancelled() {
             Some(StopReason::Shutdown)
         } else if self
             .limits
             .max_batches
-            .is_some_and(|max| self.committed_batches >= max)
+            .is_some_and(|max| self.committed() >= max)
         {
             Some(StopReason::MaxBatches)
-        } else if self.committed_batches > 0 && self.started.elapsed() >= self.cleanup.max_run_time
-        {
+        } else if self.committed() > 0 && self.started.elapsed() >= self.cleanup.max_run_time {
             // Checked once a batch has run, so even a run that connected slowly makes progress.
             Some(StopReason::MaxRunTime)
         } else {
@@ -337,9 +467,9 @@ impl<'a> Engine<'a> {
     /// [`StopReason::ReplicaLag`]), or the lease found lost.
     async fn throttle(&mut self) -> Result<Option<StopReason>, CleanupError> {
         if let (Some(per_second), Some(since)) =
-            (self.cleanup.max_rows_per_second, self.pace_started)
+            (self.cleanup.max_rows_per_second, self.pace_start())
         {
-            let wait = throttle::rate_wait(self.rows_changed, per_second, since.elapsed());
+            let wait = throttle::rate_wait(self.rows_so_far(), per_second, since.elapsed());
             if !wait.is_zero() {
                 let stop = self
                     .wait(ThrottleReason::Rate, wait, StopReason::MaxRunTime)
@@ -434,6 +564,11 @@ impl<'a> Engine<'a> {
             if now >= until {
                 return Ok(None);
             }
+            if let Some(stopped) = self.team.and_then(Team::stopped) {
+                // Another worker stopped the run while this one waited.
+                self.stopped_while_waiting_for = Some(reason);
+                return Ok(Some(stopped));
+            }
             if now >= deadline {
                 self.stopped_while_waiting_for = Some(reason);
                 return Ok(Some(at_deadline));
@@ -448,7 +583,10 @@ impl<'a> Engine<'a> {
                 _ = self.shutdown.cancelled() => {}
             }
             let slept = now.elapsed();
-            self.meter.throttled(reason, slept);
+            // The workers of a run wait side by side for the same reason: the metric counts the
+            // run's waiting time, each worker its share of it.
+            let workers = self.team.map_or(1, |team| team.workers);
+            self.meter.throttled(reason, slept / workers);
             match reason {
                 ThrottleReason::ReplicaLag => self.throttled_replica_lag += slept,
                 ThrottleReason::Rate => self.throttled_rate += slept,
@@ -510,6 +648,10 @@ impl<'a> Engine<'a> {
                 Ok(rows) => {
                     self.committed_batches += 1;
                     self.rows_changed += rows.changed;
+                    if let Some(team) = self.team {
+                        team.committed_batches.fetch_add(1, Ordering::Relaxed);
+                        team.rows_changed.fetch_add(rows.changed, Ordering::Relaxed);
+                    }
                     if self.renewal.is_some() {
                         // The batch renewed the lease before its statement, in its transaction.
                         self.last_renewal = began;
@@ -610,6 +752,16 @@ impl<'a> Engine<'a> {
             db::deadline::beyond(self.cleanup.statement_timeout),
             "a cleanup batch",
             async {
+                if let Some(check) = &self.lease_check {
+                    let check_params = check.lease.check_params();
+                    let guard = Guard {
+                        statement: &check.statement,
+                        params: &check_params,
+                    };
+                    return pipelined
+                        .query_one_guarded(client, &settings, guard, &params)
+                        .await;
+                }
                 match &self.renewal {
                     Some(renewal) => {
                         let renewal_params = renewal.lease.renewal_params();

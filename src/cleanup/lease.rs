@@ -7,6 +7,9 @@
 //!   engine through [`crate::db::pipeline::Guard`]): when another run has taken the lease, the
 //!   renewal fails with SQLSTATE TS001, the batch rolls back whole and the run stops
 //!   (`stopped_by = "lease_lost"`). So a batch commits only while its run holds the lease.
+//!   With `cleanup.workers > 1` the run renews it from its own session, a third of its length
+//!   apart, while each worker's batches only check it ([`sql::LEASE_HELD`], no row lock: renewing
+//!   in every worker's batch would make the workers take turns on the lease row).
 //! * **Released** at the end of the run, in the same statement that records the run in the
 //!   history ([`super::history`]).
 //!
@@ -177,6 +180,29 @@ impl Lease {
     /// The renewal's parameters.
     pub(super) fn renewal_params(&self) -> [&dyn Param; 3] {
         [&LEASE_NAME, &self.holder, &self.ttl_ms]
+    }
+
+    /// [`sql::LEASE_HELD`], prepared on a worker's session: the guard of every batch of a run
+    /// with several workers (they check the lease; the run renews it, [`Lease::renew`]).
+    pub(super) async fn prepare_check(
+        &self,
+        conn: &Conn<'_>,
+        cleanup: &CleanupConfig,
+    ) -> Result<Ready, CleanupError> {
+        super::bounded(
+            cleanup.statement_timeout,
+            "preparing the lease check",
+            conn.prepare(
+                sql::LEASE_HELD,
+                &db::statement::types_of(&self.check_params()),
+            ),
+        )
+        .await
+    }
+
+    /// The check's parameters.
+    pub(super) fn check_params(&self) -> [&dyn Param; 2] {
+        [&LEASE_NAME, &self.holder]
     }
 
     /// Renews the lease in a transaction of its own, for code that waits between batches longer

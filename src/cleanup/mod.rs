@@ -22,7 +22,8 @@
 //! share), `report` ([`RunReport`], [`StopReason`], [`RunOutcome`]), `keyset` (where a pass
 //! stands in its index), `dry_run`, `lease` ([`Lease`], the single-runner lease row), `history`
 //! ([`RecordedRun`], the `cleanup_runs` table), `throttle` (the replica-lag and rate limits on a
-//! run's pace: [`ReplicaLag`], [`rate_wait`]) and [`sql`] (every statement). Nothing
+//! run's pace: [`ReplicaLag`], [`rate_wait`]), `workers` (a run's tombstoning split between
+//! `cleanup.workers` sessions) and [`sql`] (every statement). Nothing
 //! here prints: the CLI renders reports, the scheduler and the CLI report failures. When runs
 //! happen is [`crate::scheduler`]'s business.
 
@@ -35,10 +36,11 @@ mod report;
 mod run;
 pub mod sql;
 mod throttle;
+mod workers;
 
 pub use dry_run::{
     dry_run, dry_run_with_purge, DryRunReport, DueCount, OutboxPreview, PurgePreview,
-    ReplicaPreview,
+    ReplicaPreview, WorkerSlice,
 };
 pub use history::RecordedRun;
 pub use lease::{lease_ttl, Lease, LeaseState, LEASE_NAME};

@@ -130,6 +130,9 @@ pub struct RunReport {
     /// What the run was waiting for when a shutdown or `cleanup.max_run_time` ended it
     /// (`None`: it did not end during a wait).
     pub stopped_while_waiting_for: Option<ThrottleReason>,
+    /// Sessions that tombstoned at once (`cleanup.workers`, or fewer when few rows were due to
+    /// split); every figure above covers all of them.
+    pub workers: u32,
     /// Why the run stopped.
     pub stopped_by: StopReason,
     /// `success`, or `partial` when the run stopped early with rows still due.
@@ -179,6 +182,7 @@ mod tests {
             throttled_replica_lag: Duration::from_millis(2500),
             throttled_rate: Duration::ZERO,
             stopped_while_waiting_for: Some(ThrottleReason::ReplicaLag),
+            workers: 1,
             stopped_by: StopReason::ReplicaLag,
             outcome: RunOutcome::Partial,
         };

@@ -14,6 +14,7 @@ use super::keyset::{Key, KeyRange};
 use super::lease::{Lease, LeaseState};
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::throttle::ReplicaLag;
+use super::workers::{self, Crew};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
 use crate::db::{self, pipeline, Conn, ErrorClass, Param};
@@ -121,6 +122,7 @@ pub async fn run_once(
             .await
             .map_err(CleanupError::Connect)?;
         let run = Run {
+            db,
             conn: session.conn(),
             cleanup,
             retention,
@@ -130,7 +132,8 @@ pub async fn run_once(
             started,
             progress: &progress,
         };
-        run.run(None).await
+        // Boxed: a run's future (its engine's, its workers') is large for a caller's stack.
+        Box::pin(run.run(None)).await
     })
     .await;
     report_result(meter, &result, started);
@@ -198,6 +201,7 @@ pub async fn run_leased(
     let result = with_stop_grace(shutdown, async {
         let statement = lease.prepare_renewal(&conn, cleanup).await?;
         let run = Run {
+            db,
             conn,
             cleanup,
             retention,
@@ -207,10 +211,10 @@ pub async fn run_leased(
             started,
             progress: &progress,
         };
-        run.run(Some(Renewal {
+        Box::pin(run.run(Some(Renewal {
             lease: &lease,
             statement,
-        }))
+        })))
         .await
     })
     .await;
@@ -305,6 +309,7 @@ fn report_result(meter: Meter<'_>, result: &Result<RunReport, CleanupError>, sta
 
 /// One run's session, settings and running figures.
 struct Run<'a> {
+    db: &'a DatabaseConfig,
     conn: Conn<'a>,
     cleanup: &'a CleanupConfig,
     retention: &'a RetentionConfig,
@@ -318,6 +323,7 @@ struct Run<'a> {
 impl Run<'_> {
     async fn run(self, renewal: Option<Renewal<'_>>) -> Result<RunReport, CleanupError> {
         let Run {
+            db,
             conn,
             cleanup,
             retention,
@@ -339,12 +345,32 @@ impl Run<'_> {
         })
         .await?;
 
+        let lease = renewal.as_ref().map(|r| r.lease);
         let mut engine = Engine::new(
             conn, cleanup, limits, shutdown, meter, started, renewal, progress,
         )
         .await?;
 
-        let tombstoning = engine.phase(Phase::Tombstone, cutoff).await?;
+        let mut team = None;
+        let tombstoning = if cleanup.workers > 1 {
+            let crew = Crew {
+                db,
+                cleanup,
+                limits,
+                shutdown,
+                meter,
+                started,
+                progress,
+                lease,
+            };
+            let mut result = Box::pin(workers::tombstone(&crew, &conn, cutoff)).await?;
+            engine.carry_over(&result.team);
+            let phase = std::mem::take(&mut result.phase);
+            team = Some(result);
+            phase
+        } else {
+            engine.phase(Phase::Tombstone, cutoff).await?
+        };
         let mut stopped = tombstoning.stopped;
         let mut purge_bound = None;
         let mut purging = PhaseResult::default();
@@ -385,6 +411,20 @@ impl Run<'_> {
             (now - deadline).to_std().ok()
         });
         let mut durations = std::mem::take(&mut engine.batch_durations);
+        let mut retries = engine.retries;
+        let mut throttled_replica_lag = engine.throttled_replica_lag;
+        let mut throttled_rate = engine.throttled_rate;
+        let mut stopped_while_waiting_for = engine.stopped_while_waiting_for;
+        let mut workers = 1;
+        if let Some(team) = team {
+            durations.extend(team.batch_durations);
+            retries += team.retries;
+            throttled_replica_lag += team.throttled_replica_lag;
+            throttled_rate += team.throttled_rate;
+            stopped_while_waiting_for =
+                team.stopped_while_waiting_for.or(stopped_while_waiting_for);
+            workers = team.workers.max(1);
+        }
         durations.sort_unstable();
         let slowest_batch = durations.last().copied().unwrap_or_default();
         let batch_p99 = percentile(&durations, 0.99);
@@ -394,7 +434,7 @@ impl Run<'_> {
             batches: tombstoning.batches,
             lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts + outbox.lock_timeouts,
             rows_skipped: tombstoning.rows_skipped,
-            retries: engine.retries,
+            retries,
             tombstones_purged: purging.changed,
             purge_batches: purging.batches,
             purge_before: purge_bound,
@@ -408,9 +448,10 @@ impl Run<'_> {
             oldest_due_age,
             slowest_batch,
             batch_p99,
-            throttled_replica_lag: engine.throttled_replica_lag,
-            throttled_rate: engine.throttled_rate,
-            stopped_while_waiting_for: engine.stopped_while_waiting_for,
+            throttled_replica_lag,
+            throttled_rate,
+            stopped_while_waiting_for,
+            workers,
             stopped_by,
             outcome,
         })

@@ -281,6 +281,23 @@ WHERE NOT expired
   AND replay_deadline >= coalesce($1::timestamptz, '-infinity')
   AND replay_deadline <= $2::timestamptz";
 
+/// The deadlines that split the rows due at the cutoff `$1` into equal shares for
+/// `cleanup.workers` (`$2`: the fractions 1/N, 2/N, ... (N-1)/N); NULL when nothing is due.
+///
+/// Workers take disjoint slices of the due **deadline range** `(b[i-1], b[i]]` rather than a hash
+/// of the key modulo N: each worker then runs the unchanged batch statement over its slice, so
+/// every batch is still an index range scan of `idempotency_records_due_idx` that reads only its
+/// own rows (a hash filter would make every worker read every due row and step over the other
+/// workers' fresh dead entries), and still locks its rows in primary-key order. Slices share no
+/// row, so workers never wait for each other; each waits only for single-row lockers (replays,
+/// claims), as one cleaner does. One pass over the due entries (what a dry run's count costs);
+/// rows sharing one deadline stay in one slice, so a table whose due rows mostly share a deadline
+/// splits unevenly (correct, only less parallel).
+pub const SPLIT_DUE: &str = "\
+SELECT percentile_disc($2::float8[]) WITHIN GROUP (ORDER BY replay_deadline)
+FROM {schema}.idempotency_records
+WHERE NOT expired AND replay_deadline <= $1::timestamptz";
+
 /// Dry run: rows due at the cutoff `$1`, and the oldest due deadline.
 pub const DRY_RUN_DUE: &str = "\
 SELECT count(*), min(replay_deadline)
@@ -398,6 +415,15 @@ WITH renewed AS (
     RETURNING expires_at
 )
 SELECT {schema}.cleanup_lease_required((SELECT expires_at FROM renewed))";
+
+/// Checks, without locking the row, that holder `$2` still holds the lease `$1`, or fails with
+/// SQLSTATE TS001 like [`RENEW_LEASE`]: the guard of every batch of a run with several workers.
+/// Their batches cannot each renew the lease: the renewal locks the lease row until the batch
+/// commits, so the workers would take turns on it. The run renews it from its own session
+/// instead, a third of the lease's length apart ([`super::lease`]).
+pub const LEASE_HELD: &str = "\
+SELECT {schema}.cleanup_lease_required(
+    (SELECT expires_at FROM {schema}.cleanup_lease WHERE name = $1 AND holder = $2))";
 
 /// Ends a run in one statement: releases the lease `$1` if holder `$2` still has it
 /// (`expires_at = now()`), records the run in `cleanup_runs` and trims the history to its

@@ -63,6 +63,20 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
         c.max_rows_per_second
             .map_or("off".to_owned(), |n| format!("{n} rows/s")),
     );
+    let _ = if c.workers > 1 {
+        writeln!(
+            out,
+            "cleanup workers: {} ({} database sessions during a run: the run's own and one per \
+             worker, besides database.pool_size's)",
+            c.workers,
+            c.workers + 1,
+        )
+    } else {
+        writeln!(
+            out,
+            "cleanup workers: 1 (one database session during a run, besides database.pool_size's)"
+        )
+    };
     let _ = writeln!(
         out,
         "cleanup lease: lasts {} from each renewal (2 x statement_timeout + \

@@ -140,6 +140,9 @@ pub(crate) fn render_run(r: &RunReport) -> String {
     let _ = writeln!(out, "cleanup {stopped} (cutoff {})", timestamp(r.cutoff));
     let _ = writeln!(out, "  rows tombstoned   {}", r.rows_tombstoned);
     let _ = writeln!(out, "  batches           {}", r.batches);
+    if r.workers > 1 {
+        let _ = writeln!(out, "  workers           {}", r.workers);
+    }
     let _ = writeln!(out, "  lock timeouts     {}", r.lock_timeouts);
     let _ = writeln!(out, "  rows skipped      {}", r.rows_skipped);
     if r.retries > 0 {
@@ -290,6 +293,22 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
             age(overdue)
         );
     }
+    if r.workers > 1 {
+        let split: Vec<String> = r
+            .worker_slices
+            .iter()
+            .map(|w| w.rows_due.to_string())
+            .collect();
+        let _ = writeln!(
+            out,
+            "  workers           {} would run ({} configured), rows due each: {}",
+            r.worker_slices.len(),
+            r.workers,
+            split.join(" / ")
+        );
+    } else {
+        let _ = writeln!(out, "  workers           1");
+    }
     let _ = writeln!(out, "  tombstones        {}", r.tombstones);
     let _ = writeln!(out, "  live records      {}", r.live_records);
     match &r.purge {
@@ -385,6 +404,7 @@ mod tests {
             throttled_replica_lag: Duration::from_millis(1500),
             throttled_rate: Duration::from_secs(2),
             stopped_while_waiting_for: None,
+            workers: 1,
             stopped_by: StopReason::MaxBatches,
             outcome: RunOutcome::Partial,
         });
@@ -423,6 +443,8 @@ mod tests {
                 name: "create-order".into(),
                 rows_due: 2500,
             }],
+            workers: 1,
+            worker_slices: Vec::new(),
             tombstones: 10,
             live_records: 3000,
             purge: None,

@@ -19,7 +19,7 @@
 //! tokio-postgres prepares nothing behind our back: the only statement it prepares itself is its
 //! type lookup, and only for a column or parameter type that is not built in. Every column and
 //! parameter tombstoned uses is a built-in type (text, integers, bool, bytea, uuid, uuid[],
-//! timestamptz, jsonb); the pooler tests check `pg_prepared_statements` on every server connection.
+//! timestamptz, float8[], jsonb); the pooler tests check `pg_prepared_statements` on every server connection.
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{ClientWrapper, StatementCache};
@@ -53,6 +53,8 @@ pg_types! {
     i16 => INT2,
     i32 => INT4,
     i64 => INT8,
+    f64 => FLOAT8,
+    Vec<f64> => FLOAT8_ARRAY,
     [u8] => BYTEA,
     Vec<u8> => BYTEA,
     Uuid => UUID,

@@ -4,8 +4,9 @@
 //! scenarios, a cleanup run, a dry run, readiness and the outbox relay; afterwards no setting,
 //! prepared statement or advisory lock is left on any server connection. Also: `migrate`
 //! refuses a transaction pooler in one line, a transaction pooler configured as
-//! `pooler = "none"` is named in the error, and two daemons through the transaction pooler never
-//! clean at the same time (the lease row). The daemon connects through PgBouncer; the tests'
+//! `pooler = "none"` is named in the error, two daemons through the transaction pooler never
+//! clean at the same time (the lease row), and a run of four cleanup workers shares the
+//! transaction pooler's two server connections. The daemon connects through PgBouncer; the tests'
 //! observer sessions connect directly.
 
 use std::future::Future;
@@ -482,4 +483,48 @@ async fn two_daemons_through_the_transaction_pooler_never_clean_at_the_same_time
         runs.len(),
         daemons.len()
     );
+}
+
+/// Parallel cleanup (`cleanup.workers = 4`) through a transaction pooler with two server
+/// connections: five client sessions (the run's and four workers') share them, every due row is
+/// tombstoned once, the lease is taken, checked and released, and nothing is left on a server
+/// connection.
+#[tokio::test]
+async fn parallel_cleanup_through_a_transaction_pooler_leaves_nothing_behind() {
+    let mode = PoolMode::Transaction;
+    let bouncer = PgBouncer::start(mode, pool_size(mode)).await;
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    crate::cleanup_support::seed_live(&observer, "par", 200, crate::cleanup_support::DUE).await;
+    let config = through(
+        &bouncer,
+        &db,
+        mode.setting(),
+        &[
+            ("TOMBSTONED_CLEANUP__WORKERS", "4"),
+            ("TOMBSTONED_CLEANUP__BATCH_SIZE", "10"),
+        ],
+    );
+    let preview = cleanup::dry_run(&config.database, &config.cleanup, false)
+        .await
+        .unwrap_or_else(|e| panic!("dry run: {}", e.summary()));
+    assert_eq!(preview.worker_slices.len(), 4);
+    let ran = cleanup::run_leased(
+        &config.database,
+        &config.cleanup,
+        &config.retention,
+        RunLimits::default(),
+        &CancellationToken::new(),
+        None,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cleanup: {}", e.summary()));
+    let cleanup::LeasedRun::Ran(report) = ran else {
+        panic!("skipped");
+    };
+    assert_eq!((report.workers, report.rows_tombstoned), (4, 200));
+    assert_eq!(report.backlog_rows, 0);
+    assert_eq!(crate::cleanup_support::counts(&observer).await, (200, 0));
+    crate::cleanup_support::assert_lease_free(&observer).await;
+    assert_nothing_left(&bouncer, mode, &db).await;
 }
