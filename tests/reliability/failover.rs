@@ -172,6 +172,11 @@ fn order_id_of(e: &Exchange) -> Option<Uuid> {
     }
 }
 
+/// A 422 over the approval limit: the refusal is stored as the key's outcome.
+fn is_stored_rejection(e: &Exchange) -> bool {
+    matches!(&e.answer, Answer::Reply(r) if r.status == 422 && r.problem() == "approval-limit-exceeded")
+}
+
 fn is_outcome_unknown(e: &Exchange) -> bool {
     matches!(&e.answer, Answer::Reply(r) if r.status == 503 && r.problem() == "outcome-unknown")
 }
@@ -288,6 +293,7 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
     let acknowledged_before = load.count(created);
     tokio::task::block_in_place(|| standby::stop_immediately(&pair.primary)).unwrap();
     let killed = Instant::now();
+    let stopped_at = SystemTime::now();
     pair.standby.resume_wal_receiver().unwrap();
     pair.standby.promote().await.unwrap();
     let promoted_at = SystemTime::now();
@@ -385,7 +391,49 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
         .iter()
         .filter(|e| order_id_of(e).is_some_and(|id| lost_orders.contains(&id)))
         .collect();
-    let lost_keys: HashSet<&str> = lost.iter().map(|e| e.intent.key.as_str()).collect();
+    // Stored rejections are acknowledged writes too: a 422 over the approval limit answered by
+    // the old primary whose record the new one lacks (or holds for another request, written
+    // after the loss freed the key). Only answers given before the primary stopped can be lost.
+    let lost_rejections: Vec<&Exchange> = exchanges
+        .iter()
+        .filter(|e| e.answered_at <= stopped_at && is_stored_rejection(e))
+        .filter(|e| {
+            !state
+                .records
+                .get(&ledger::scope_of(&e.intent))
+                .is_some_and(|rec| rec.fingerprint == e.fingerprint && rec.status == Some(422))
+        })
+        .collect();
+    let lost_rejected_keys: HashSet<&str> = lost_rejections
+        .iter()
+        .map(|e| e.intent.key.as_str())
+        .collect();
+    let lost_order_keys: HashSet<&str> = lost.iter().map(|e| e.intent.key.as_str()).collect();
+    // Other answers the old primary gave from a record the new one lacks or wrote afresh after
+    // the loss (a 410, a 422 for a reused key, a replay of a request the client dropped): they
+    // cannot be checked against the new primary. Counted in the figures, left out of the
+    // per-request checks like the keys above.
+    let erased_keys: HashSet<&str> = exchanges
+        .iter()
+        .filter(|e| {
+            e.answered_at <= stopped_at
+                && matches!(&e.answer, Answer::Reply(r) if matches!(r.status, 201 | 410 | 422))
+        })
+        .filter(|e| {
+            state
+                .records
+                .get(&ledger::scope_of(&e.intent))
+                .is_none_or(|rec| rec.created_at > stopped_at)
+        })
+        .map(|e| e.intent.key.as_str())
+        .filter(|key| !lost_order_keys.contains(key) && !lost_rejected_keys.contains(key))
+        .collect();
+    let lost_keys: HashSet<&str> = lost_order_keys
+        .iter()
+        .chain(&lost_rejected_keys)
+        .chain(&erased_keys)
+        .copied()
+        .collect();
     let lost_requests: HashSet<(&str, &str)> = lost
         .iter()
         .map(|e| (e.intent.who.tenant, e.intent.request_id.as_str()))
@@ -465,13 +513,16 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
          promotion (pg_ctl promote until pg_is_in_recovery() = false): {promotion_took:?}\n\
          first 201 for a fresh key after the promotion: {first_201:?}\n\
          first cleanup run recorded on the new primary: {cleaner_back:?} after the first 201\n\
-         acknowledged orders lost: {} ({} answers named them, for {} keys); outcome-unknown 503 \
-         keys: {} ({unknown_ended_in_order} retried into an order, the others refused without \
-         writing): {unknown_endings:?}\n\
+         acknowledged orders lost: {} ({} answers named them, for {} keys); stored rejections \
+         lost: {} keys ({} answers); other keys whose record was lost: {}; outcome-unknown 503 keys: {} ({unknown_ended_in_order} \
+         retried into an order, the others refused without writing): {unknown_endings:?}\n\
          daemon: {} cleanup runs succeeded, {} skipped read-only, {} failed\n{}",
         lost_orders.len(),
         lost.len(),
-        lost_keys.len(),
+        lost_order_keys.len(),
+        lost_rejected_keys.len(),
+        lost_rejections.len(),
+        erased_keys.len(),
         unknown.len(),
         metric_value(
             &metrics,
@@ -494,7 +545,7 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
     Failover {
         verdict,
         figures,
-        lost_acknowledged: lost_orders.len(),
+        lost_acknowledged: lost_orders.len() + lost_rejected_keys.len(),
         unknown_keys: unknown.len(),
     }
 }

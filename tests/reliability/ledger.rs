@@ -297,7 +297,7 @@ pub struct Order {
 /// `(tenant, principal, key)`.
 pub type Scope = (String, String, String);
 
-fn scope_of(i: &Intent) -> Scope {
+pub fn scope_of(i: &Intent) -> Scope {
     (
         i.who.tenant.to_owned(),
         i.who.principal.to_owned(),
