@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tokio_postgres::Client;
 use tombstoned::cleanup::sql as engine_sql;
 
-use crate::report::{check, num, range, Row, ScenarioResult};
+use crate::report::{check, num, range, Check, Row, ScenarioResult};
 use crate::server::{checkpoints, wal_lsn};
 use crate::stats::{median, median_of_pair_ratios, ratio};
 use crate::Bench;
@@ -53,8 +53,8 @@ WHERE (tenant_id, principal_id, operation, idempotency_key) IN (
     ORDER BY tenant_id, principal_id, operation, idempotency_key
     LIMIT $2)";
 
-/// The limit: `$1` cutoff.
-const SINGLE_UPDATE: &str = "
+/// The limit (one session's, in scenario 7): `$1` cutoff.
+pub const SINGLE_UPDATE: &str = "
 UPDATE idempotency_records SET response_body = NULL, expired = true, expired_at = now()
 WHERE NOT expired AND replay_deadline <= $1";
 
@@ -445,78 +445,26 @@ pub async fn scenario1(bench: &mut Bench, keep_for_storage: bool) -> Result<Scen
         .collect();
 
     let quick = bench.scale.quick;
-    let rate = |a| values(&trials, a, |t| t.rows_per_second);
-    let (a, b, c) = (
-        rate(Approach::Tombstoned),
-        rate(Approach::SingleUpdate),
-        rate(Approach::JobQueue),
-    );
-    let (ma, mb, mc) = (
-        median(&a).unwrap_or(f64::NAN),
-        median(&b).unwrap_or(f64::NAN),
-        median(&c).unwrap_or(f64::NAN),
-    );
-    let r_ab = ratio(ma, mb);
-    let pair_ab = median_of_pair_ratios(&a, &b).unwrap_or(f64::NAN);
-    let p99s = values(&trials, Approach::Tombstoned, |t| {
-        t.batch_p99_ms.unwrap_or(0.0)
-    });
-    let worst_p99 = p99s.iter().copied().fold(0.0, f64::max);
-    let slowest = values(&trials, Approach::Tombstoned, |t| t.slowest_batch_ms);
+    let versus = VersusUpdate::of(&trials);
+    let (a, ma, mb) = (&versus.a, versus.ma, versus.mb);
+    let c = values(&trials, Approach::JobQueue, |t| t.rows_per_second);
+    let mc = median(&c).unwrap_or(f64::NAN);
     let c_capped = trials
         .iter()
         .any(|t| t.approach == Approach::JobQueue && t.capped);
     let mut checks = Vec::new();
     let rows_due = bench.scale.s1_records / 2;
+    let [throughput, lock_hold] = versus.rows(
+        1,
+        "",
+        &format!("{rows_due} due of {}", bench.scale.s1_records),
+        0.85,
+        &mut checks,
+        quick,
+    );
     let mut rows = vec![
-        Row {
-            scenario: 1,
-            metric: format!(
-                "cleanup rows/s, {rows_due} due of {}: (a) vs (b) one UPDATE",
-                bench.scale.s1_records
-            ),
-            baseline: num(mb, 0),
-            tombstoned: num(ma, 0),
-            ratio: num(r_ab, 3),
-            pair_ratio: num(pair_ab, 3),
-            range: format!("a {} / b {}", range(&a, 0, ""), range(&b, 0, "")),
-            target: ">= 0.85".into(),
-            verdict: check(
-                &mut checks,
-                1,
-                "tombstoned cleanup rows/s >= 0.85 x single UPDATE",
-                r_ab,
-                ">= 0.85",
-                r_ab >= 0.85,
-                quick,
-            ),
-        },
-        Row {
-            scenario: 1,
-            metric: "(a) batch lock hold p99, ms (worst trial; slowest batch in range)".into(),
-            baseline: format!(
-                "(b) holds all {} s",
-                num(
-                    median(&values(&trials, Approach::SingleUpdate, |t| t.seconds))
-                        .unwrap_or(f64::NAN),
-                    1
-                )
-            ),
-            tombstoned: num(worst_p99, 1),
-            ratio: String::new(),
-            pair_ratio: String::new(),
-            range: format!("slowest {}", range(&slowest, 1, " ms")),
-            target: "<= 100 ms".into(),
-            verdict: check(
-                &mut checks,
-                1,
-                "batch p99 <= 100 ms",
-                worst_p99,
-                "<= 100 ms",
-                worst_p99 <= 100.0,
-                quick,
-            ),
-        },
+        throughput,
+        lock_hold,
         Row {
             scenario: 1,
             metric: format!(
@@ -533,7 +481,7 @@ pub async fn scenario1(bench: &mut Bench, keep_for_storage: bool) -> Result<Scen
             baseline: num(mc, 0),
             tombstoned: num(ma, 0),
             ratio: num(ratio(ma, mc), 2),
-            pair_ratio: num(median_of_pair_ratios(&a, &c).unwrap_or(f64::NAN), 2),
+            pair_ratio: num(median_of_pair_ratios(a, &c).unwrap_or(f64::NAN), 2),
             range: if c_capped {
                 let proj = values(&trials, Approach::JobQueue, |t| {
                     t.projected_full_seconds.unwrap_or(f64::NAN)
@@ -547,7 +495,7 @@ pub async fn scenario1(bench: &mut Bench, keep_for_storage: bool) -> Result<Scen
         },
     ];
     if bench.baseline_binary.is_some() {
-        let base = rate(Approach::BaselineBinary);
+        let base = values(&trials, Approach::BaselineBinary, |t| t.rows_per_second);
         let mbase = median(&base).unwrap_or(f64::NAN);
         let base_p99 = values(&trials, Approach::BaselineBinary, |t| {
             t.batch_p99_ms.unwrap_or(0.0)
@@ -561,7 +509,7 @@ pub async fn scenario1(bench: &mut Bench, keep_for_storage: bool) -> Result<Scen
             baseline: num(mbase, 0),
             tombstoned: num(ma, 0),
             ratio: num(ratio(ma, mbase), 3),
-            pair_ratio: num(median_of_pair_ratios(&a, &base).unwrap_or(f64::NAN), 3),
+            pair_ratio: num(median_of_pair_ratios(a, &base).unwrap_or(f64::NAN), 3),
             range: format!(
                 "{} / vs (b) {}",
                 range(&base, 0, ""),
@@ -571,14 +519,10 @@ pub async fn scenario1(bench: &mut Bench, keep_for_storage: bool) -> Result<Scen
             verdict: String::new(),
         });
     }
-    let wal_a = median(&values(&trials, Approach::Tombstoned, |t| {
-        t.wal_bytes as f64 / t.rows.max(1) as f64
-    }))
-    .unwrap_or(f64::NAN);
-    let wal_b = median(&values(&trials, Approach::SingleUpdate, |t| {
-        t.wal_bytes as f64 / t.rows.max(1) as f64
-    }))
-    .unwrap_or(f64::NAN);
+    let (wal_a, wal_b) = (
+        versus.wal_per_row(Approach::Tombstoned),
+        versus.wal_per_row(Approach::SingleUpdate),
+    );
     rows.push(Row {
         scenario: 1,
         metric: "WAL bytes per tombstoned row (right after a checkpoint)".into(),
@@ -600,12 +544,119 @@ pub async fn scenario1(bench: &mut Bench, keep_for_storage: bool) -> Result<Scen
             "records": bench.scale.s1_records,
             "batch_size": bench.batch_size.unwrap_or(DEFAULT_BATCH),
             "median_rows_per_second": {"tombstoned": ma, "single_update": mb, "job_queue": mc},
-            "ratio_tombstoned_to_single_update": r_ab,
-            "median_pair_ratio": pair_ab,
+            "ratio_tombstoned_to_single_update": versus.ratio,
+            "median_pair_ratio": versus.pair_ratio,
             "trials": trials,
         }),
         seconds: 0.0,
     })
+}
+
+/// What scenarios 1 and 6 compare: `tombstoned cleanup` (a) against the single UPDATE (b).
+struct VersusUpdate<'t> {
+    trials: &'t [Trial],
+    /// Rows per second of each trial of (a), of (b).
+    a: Vec<f64>,
+    b: Vec<f64>,
+    /// Their medians.
+    ma: f64,
+    mb: f64,
+    ratio: f64,
+    pair_ratio: f64,
+}
+
+impl<'t> VersusUpdate<'t> {
+    fn of(trials: &'t [Trial]) -> Self {
+        let rate = |a| values(trials, a, |t| t.rows_per_second);
+        let (a, b) = (rate(Approach::Tombstoned), rate(Approach::SingleUpdate));
+        let (ma, mb) = (
+            median(&a).unwrap_or(f64::NAN),
+            median(&b).unwrap_or(f64::NAN),
+        );
+        let pair_ratio = median_of_pair_ratios(&a, &b).unwrap_or(f64::NAN);
+        Self {
+            trials,
+            ratio: ratio(ma, mb),
+            a,
+            b,
+            ma,
+            mb,
+            pair_ratio,
+        }
+    }
+
+    /// Median WAL bytes per row of one approach's trials.
+    fn wal_per_row(&self, approach: Approach) -> f64 {
+        median(&values(self.trials, approach, |t| {
+            t.wal_bytes as f64 / t.rows.max(1) as f64
+        }))
+        .unwrap_or(f64::NAN)
+    }
+
+    /// The two rows both scenarios report: rows/s against the UPDATE (target: `min_ratio`),
+    /// and the worst trial's batch lock hold p99 (target: 100 ms).
+    fn rows(
+        &self,
+        scenario: u8,
+        prefix: &str,
+        due: &str,
+        min_ratio: f64,
+        checks: &mut Vec<Check>,
+        quick: bool,
+    ) -> [Row; 2] {
+        let worst_p99 = values(self.trials, Approach::Tombstoned, |t| {
+            t.batch_p99_ms.unwrap_or(0.0)
+        })
+        .iter()
+        .copied()
+        .fold(0.0, f64::max);
+        let slowest = values(self.trials, Approach::Tombstoned, |t| t.slowest_batch_ms);
+        let update_seconds =
+            median(&values(self.trials, Approach::SingleUpdate, |t| t.seconds)).unwrap_or(f64::NAN);
+        let target = format!(">= {min_ratio:?}");
+        [
+            Row {
+                scenario,
+                metric: format!("{prefix}cleanup rows/s, {due}: (a) vs (b) one UPDATE"),
+                baseline: num(self.mb, 0),
+                tombstoned: num(self.ma, 0),
+                ratio: num(self.ratio, 3),
+                pair_ratio: num(self.pair_ratio, 3),
+                range: format!("a {} / b {}", range(&self.a, 0, ""), range(&self.b, 0, "")),
+                target: target.clone(),
+                verdict: check(
+                    checks,
+                    scenario,
+                    &format!("{prefix}tombstoned cleanup rows/s {target} x single UPDATE"),
+                    self.ratio,
+                    &target,
+                    self.ratio >= min_ratio,
+                    quick,
+                ),
+            },
+            Row {
+                scenario,
+                metric: format!(
+                    "{prefix}(a) batch lock hold p99, ms (worst trial; slowest batch in range)"
+                ),
+                baseline: format!("(b) holds all {} s", num(update_seconds, 1)),
+                tombstoned: num(worst_p99, 1),
+                ratio: String::new(),
+                pair_ratio: String::new(),
+                range: format!("slowest {}", range(&slowest, 1, " ms")),
+                target: "<= 100 ms".into(),
+                verdict: check(
+                    checks,
+                    scenario,
+                    &format!("{prefix}batch p99 <= 100 ms"),
+                    worst_p99,
+                    "<= 100 ms",
+                    worst_p99 <= 100.0,
+                    quick,
+                ),
+            },
+        ]
+    }
 }
 
 /// Buffers of one plan node (inclusive of its children).
@@ -937,80 +988,22 @@ async fn scenario6_on(bench: &mut Bench) -> Result<ScenarioResult> {
         }
     }
     let quick = bench.scale.quick;
-    let rate = |a| values(&trials, a, |t| t.rows_per_second);
-    let (a, b) = (rate(Approach::Tombstoned), rate(Approach::SingleUpdate));
-    let (ma, mb) = (
-        median(&a).unwrap_or(f64::NAN),
-        median(&b).unwrap_or(f64::NAN),
-    );
-    let r_ab = ratio(ma, mb);
-    let pair_ab = median_of_pair_ratios(&a, &b).unwrap_or(f64::NAN);
-    let worst_p99 = values(&trials, Approach::Tombstoned, |t| {
-        t.batch_p99_ms.unwrap_or(0.0)
-    })
-    .iter()
-    .copied()
-    .fold(0.0, f64::max);
-    let slowest = values(&trials, Approach::Tombstoned, |t| t.slowest_batch_ms);
-    let wal_per_row = |approach| {
-        median(&values(&trials, approach, |t| {
-            t.wal_bytes as f64 / t.rows.max(1) as f64
-        }))
-        .unwrap_or(f64::NAN)
-    };
+    let versus = VersusUpdate::of(&trials);
     let checkpoints_of =
         |approach| range(&values(&trials, approach, |t| t.checkpoints as f64), 0, "");
     let records = bench.scale.s6_records;
     let mut checks = Vec::new();
+    let [throughput, lock_hold] = versus.rows(
+        6,
+        "default settings: ",
+        &format!("{} due of {records}", records / 2),
+        1.0,
+        &mut checks,
+        quick,
+    );
     let rows = vec![
-        Row {
-            scenario: 6,
-            metric: format!(
-                "default settings: cleanup rows/s, {} due of {records}: (a) vs (b) one UPDATE",
-                records / 2
-            ),
-            baseline: num(mb, 0),
-            tombstoned: num(ma, 0),
-            ratio: num(r_ab, 3),
-            pair_ratio: num(pair_ab, 3),
-            range: format!("a {} / b {}", range(&a, 0, ""), range(&b, 0, "")),
-            target: ">= 1.0".into(),
-            verdict: check(
-                &mut checks,
-                6,
-                "default settings: tombstoned cleanup rows/s >= 1.0 x single UPDATE",
-                r_ab,
-                ">= 1.0",
-                r_ab >= 1.0,
-                quick,
-            ),
-        },
-        Row {
-            scenario: 6,
-            metric: "default settings: (a) batch lock hold p99, ms (worst trial)".into(),
-            baseline: format!(
-                "(b) holds all {} s",
-                num(
-                    median(&values(&trials, Approach::SingleUpdate, |t| t.seconds))
-                        .unwrap_or(f64::NAN),
-                    1
-                )
-            ),
-            tombstoned: num(worst_p99, 1),
-            ratio: String::new(),
-            pair_ratio: String::new(),
-            range: format!("slowest {}", range(&slowest, 1, " ms")),
-            target: "<= 100 ms".into(),
-            verdict: check(
-                &mut checks,
-                6,
-                "default settings: batch p99 <= 100 ms",
-                worst_p99,
-                "<= 100 ms",
-                worst_p99 <= 100.0,
-                quick,
-            ),
-        },
+        throughput,
+        lock_hold,
         Row {
             scenario: 6,
             metric: format!(
@@ -1018,12 +1011,12 @@ async fn scenario6_on(bench: &mut Bench) -> Result<ScenarioResult> {
                 checkpoints_of(Approach::Tombstoned),
                 checkpoints_of(Approach::SingleUpdate)
             ),
-            baseline: num(wal_per_row(Approach::SingleUpdate), 0),
-            tombstoned: num(wal_per_row(Approach::Tombstoned), 0),
+            baseline: num(versus.wal_per_row(Approach::SingleUpdate), 0),
+            tombstoned: num(versus.wal_per_row(Approach::Tombstoned), 0),
             ratio: num(
                 ratio(
-                    wal_per_row(Approach::Tombstoned),
-                    wal_per_row(Approach::SingleUpdate),
+                    versus.wal_per_row(Approach::Tombstoned),
+                    versus.wal_per_row(Approach::SingleUpdate),
                 ),
                 2,
             ),
@@ -1043,9 +1036,9 @@ async fn scenario6_on(bench: &mut Bench) -> Result<ScenarioResult> {
             "rows_due": records / 2,
             "batch_size": bench.batch_size.unwrap_or(DEFAULT_BATCH),
             "server_settings": settings,
-            "median_rows_per_second": {"tombstoned": ma, "single_update": mb},
-            "ratio_tombstoned_to_single_update": r_ab,
-            "median_pair_ratio": pair_ab,
+            "median_rows_per_second": {"tombstoned": versus.ma, "single_update": versus.mb},
+            "ratio_tombstoned_to_single_update": versus.ratio,
+            "median_pair_ratio": versus.pair_ratio,
             "trials": trials,
         }),
         seconds: 0.0,

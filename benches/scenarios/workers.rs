@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio_postgres::types::ToSql;
 
+use crate::cleanup::SINGLE_UPDATE;
 use crate::report::{check, num, range, Row, ScenarioResult};
 use crate::stats::{median, median_of_pair_ratios, ratio};
 use crate::Bench;
@@ -38,11 +39,6 @@ pub enum Approach {
     /// (b2) two set-based UPDATEs over disjoint halves, at once.
     TwoHalves,
 }
-
-/// One session's limit: `$1` cutoff.
-const SINGLE_UPDATE: &str = "
-UPDATE idempotency_records SET response_body = NULL, expired = true, expired_at = now()
-WHERE NOT expired AND replay_deadline <= $1";
 
 /// One half of the two-session limit: `$1` exclusive lower bound (NULL: from the start), `$2`
 /// inclusive upper bound.

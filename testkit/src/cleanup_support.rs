@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
-use tombstoned::cleanup::{self, RunLimits, RunReport};
+use tombstoned::cleanup::{self, CleanupError, LeasedRun, RunLimits, RunReport};
 use tombstoned::config::Config;
+use tombstoned::metrics::Metrics;
 
 /// Deadlines of due rows start here (fixed, so two databases seeded alike are byte-identical).
 pub const DUE: &str = "2020-01-01T00:00:00Z";
@@ -323,6 +324,32 @@ pub async fn run_with(
     )
     .await
     .expect("cleanup run")
+}
+
+/// One run behind the cleanup lease, as a one-shot `tombstoned cleanup` makes it: the
+/// configuration's settings, no limits, no shutdown.
+pub async fn leased_run(
+    config: &Config,
+    metrics: Option<&Metrics>,
+) -> Result<LeasedRun, CleanupError> {
+    cleanup::run_leased(
+        &config.database,
+        &config.cleanup,
+        &config.retention,
+        RunLimits::default(),
+        &CancellationToken::new(),
+        metrics,
+    )
+    .await
+}
+
+/// A [`leased_run`] that must take the free lease and succeed: its report.
+pub async fn leased_report(config: &Config) -> RunReport {
+    match leased_run(config, None).await {
+        Ok(LeasedRun::Ran(report)) => report,
+        Ok(other) => panic!("the lease is free, yet: {other:?}"),
+        Err(e) => panic!("cleanup run: {}", e.summary()),
+    }
 }
 
 /// The schema the harness migrates (and every test config names).

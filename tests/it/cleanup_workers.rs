@@ -59,16 +59,7 @@ async fn tombstones(observer: &Client) -> i64 {
 }
 
 async fn leased(config: &Config, metrics: Option<&Metrics>) -> LeasedRun {
-    cleanup::run_leased(
-        &config.database,
-        &config.cleanup,
-        &config.retention,
-        RunLimits::default(),
-        &CancellationToken::new(),
-        metrics,
-    )
-    .await
-    .expect("cleanup run")
+    leased_run(config, metrics).await.expect("cleanup run")
 }
 
 /// One worker with the same readers, released one at a time as the cleaner reaches each: the

@@ -4,9 +4,7 @@
 //! record, and the in-place upgrade to V3.
 
 use tokio_postgres::Client;
-use tokio_util::sync::CancellationToken;
-use tombstoned::cleanup::{self, LeasedRun, RecordedRun, RunLimits, RunOutcome, StopReason};
-use tombstoned::config::Config;
+use tombstoned::cleanup::{self, LeasedRun, RecordedRun, RunOutcome, StopReason};
 use tombstoned::db::{migrations, ErrorClass};
 
 use crate::cleanup_support::*;
@@ -24,18 +22,6 @@ async fn pid(client: &Client) -> i32 {
         .await
         .unwrap()
         .get(0)
-}
-
-async fn leased_run(config: &Config) -> Result<LeasedRun, cleanup::CleanupError> {
-    cleanup::run_leased(
-        &config.database,
-        &config.cleanup,
-        &config.retention,
-        RunLimits::default(),
-        &CancellationToken::new(),
-        None,
-    )
-    .await
 }
 
 async fn history(observer: &Client) -> Vec<RecordedRun> {
@@ -208,7 +194,7 @@ async fn a_batch_whose_lease_was_stolen_rolls_back_and_the_run_stops() {
     );
 
     seed_live(&observer, "one", 20, DUE).await;
-    let Ok(LeasedRun::Ran(report)) = leased_run(&config).await else {
+    let Ok(LeasedRun::Ran(report)) = leased_run(&config, None).await else {
         panic!("the lease was free")
     };
     assert_eq!(report.rows_tombstoned, 20);
@@ -227,7 +213,7 @@ async fn a_batch_whose_lease_was_stolen_rolls_back_and_the_run_stops() {
     let (reader, _) = Reader::lock(&db, &held, "FOR SHARE").await;
     let run = tokio::spawn({
         let config = config.clone();
-        async move { leased_run(&config).await }
+        async move { leased_run(&config, None).await }
     });
     wait_until_cleaner_waits(&observer).await;
     // The thief queues on the lease row behind batch 4 and takes the lease when it commits.
@@ -356,7 +342,7 @@ async fn a_failed_run_is_recorded_with_its_one_line_error() {
     let (reader, _) = Reader::lock(&db, &held, "FOR SHARE").await;
     let run = tokio::spawn({
         let config = config.clone();
-        async move { leased_run(&config).await }
+        async move { leased_run(&config, None).await }
     });
     wait_until_cleaner_waits(&observer).await;
     observer
@@ -419,7 +405,7 @@ async fn v3_upgrades_a_populated_database_in_place() {
     .unwrap()
     .is_current());
 
-    let Ok(LeasedRun::Ran(report)) = leased_run(&config).await else {
+    let Ok(LeasedRun::Ran(report)) = leased_run(&config, None).await else {
         panic!("no leased run after the upgrade")
     };
     assert_eq!(report.rows_tombstoned, 50);

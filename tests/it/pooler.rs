@@ -509,19 +509,7 @@ async fn parallel_cleanup_through_a_transaction_pooler_leaves_nothing_behind() {
         .await
         .unwrap_or_else(|e| panic!("dry run: {}", e.summary()));
     assert_eq!(preview.worker_slices.len(), 4);
-    let ran = cleanup::run_leased(
-        &config.database,
-        &config.cleanup,
-        &config.retention,
-        RunLimits::default(),
-        &CancellationToken::new(),
-        None,
-    )
-    .await
-    .unwrap_or_else(|e| panic!("cleanup: {}", e.summary()));
-    let cleanup::LeasedRun::Ran(report) = ran else {
-        panic!("skipped");
-    };
+    let report = crate::cleanup_support::leased_report(&config).await;
     assert_eq!((report.workers, report.rows_tombstoned), (4, 200));
     assert_eq!(report.backlog_rows, 0);
     assert_eq!(crate::cleanup_support::counts(&observer).await, (200, 0));

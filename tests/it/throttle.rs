@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tombstoned::cleanup::{self, RunLimits, StopReason};
 use tombstoned::metrics::Metrics;
 
-use crate::cleanup_support::{counts, lease_state, seed_live, DUE};
+use crate::cleanup_support::{counts, lease_state, leased_report, seed_live, DUE};
 use crate::harness::{binary, server, TestDb};
 
 fn throttled(metrics: &Metrics, reason: &str) -> f64 {
@@ -158,17 +158,7 @@ async fn a_long_wait_renews_the_lease_between_batches() {
         ("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "500ms"),
     ]);
     assert_eq!(cleanup::lease_ttl(&config.cleanup), Duration::from_secs(32));
-    let run = tokio::spawn(async move {
-        cleanup::run_leased(
-            &config.database,
-            &config.cleanup,
-            &config.retention,
-            RunLimits::default(),
-            &CancellationToken::new(),
-            None,
-        )
-        .await
-    });
+    let run = tokio::spawn(async move { leased_report(&config).await });
     // Barrier: the lease renewed 10 s or more after it was taken.
     let deadline = Instant::now() + Duration::from_secs(60);
     let renewed_after = loop {
@@ -187,10 +177,7 @@ async fn a_long_wait_renews_the_lease_between_batches() {
         renewed_after < Duration::from_secs(16),
         "renewed {renewed_after:?} after the take: by the second batch, not during the wait"
     );
-    let outcome = run.await.unwrap().unwrap();
-    let cleanup::LeasedRun::Ran(report) = outcome else {
-        panic!("{outcome:?}")
-    };
+    let report = run.await.unwrap();
     assert_eq!(report.stopped_by, StopReason::Finished);
     assert_eq!(report.rows_tombstoned, 60);
     assert!(
@@ -490,19 +477,7 @@ async fn a_run_waits_while_a_paused_standby_lags_and_finishes_once_it_replays() 
         ],
     );
     let began = Instant::now();
-    let outcome = cleanup::run_leased(
-        &short.database,
-        &short.cleanup,
-        &short.retention,
-        RunLimits::default(),
-        &CancellationToken::new(),
-        None,
-    )
-    .await
-    .unwrap();
-    let cleanup::LeasedRun::Ran(report) = outcome else {
-        panic!("the lease is free: {outcome:?}")
-    };
+    let report = leased_report(&short).await;
     assert!(began.elapsed() >= Duration::from_secs(3));
     assert!(began.elapsed() < Duration::from_secs(3 + 45));
     assert_eq!(report.stopped_by, StopReason::ReplicaLag, "{report:?}");
@@ -584,19 +559,7 @@ async fn the_throttles_work_through_a_transaction_pooler() {
     cleanup::check_replica_lag_visible(&config.database, &config.cleanup)
         .await
         .unwrap();
-    let outcome = cleanup::run_leased(
-        &config.database,
-        &config.cleanup,
-        &config.retention,
-        RunLimits::default(),
-        &CancellationToken::new(),
-        None,
-    )
-    .await
-    .unwrap();
-    let cleanup::LeasedRun::Ran(report) = outcome else {
-        panic!("{outcome:?}")
-    };
+    let report = leased_report(&config).await;
     assert_eq!(report.rows_tombstoned, 100);
     assert_eq!(report.stopped_by, StopReason::Finished);
     assert!(report.duration >= Duration::from_millis(500), "{report:?}");
