@@ -241,41 +241,78 @@ async fn run_tombstoned(
     db: &str,
     max_batches: Option<u64>,
 ) -> Result<Trial> {
-    let mut command = tokio::process::Command::new(binary);
-    command
-        .args(["cleanup", "--json"])
-        .env_clear()
-        .env("TOMBSTONED_DATABASE_URL", bench.server.url(db))
-        .env("RUST_LOG", "warn");
-    if let Some(n) = bench.batch_size {
-        command.args(["--batch-size", &n.to_string()]);
-    }
-    if let Some(n) = max_batches {
-        command.args(["--max-batches", &n.to_string()]);
-    }
-    let started = Instant::now();
-    let output = command
-        .output()
-        .await
-        .context("running tombstoned cleanup")?;
-    let seconds = started.elapsed().as_secs_f64();
-    ensure!(
-        output.status.success(),
-        "tombstoned cleanup failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).context("cleanup --json output")?;
-    let rows = report["rows_tombstoned"].as_i64().unwrap_or(0);
+    let args = max_batches
+        .map(|n| vec!["--max-batches".to_owned(), n.to_string()])
+        .unwrap_or_default();
+    let run = CleanupProcess::run(bench, binary, db, &args, &[]).await?;
     let mut t = empty_trial(Approach::Tombstoned);
-    t.rows = rows;
-    t.seconds = seconds;
-    t.rows_per_second = rows as f64 / seconds;
-    t.engine_seconds = report["duration_seconds"].as_f64();
-    t.batches = report["batches"].as_u64();
-    t.batch_p99_ms = report["batch_p99_seconds"].as_f64().map(|s| s * 1000.0);
-    t.slowest_batch_ms = report["slowest_batch_seconds"].as_f64().unwrap_or(0.0) * 1000.0;
+    t.rows = run.rows();
+    t.seconds = run.seconds;
+    t.rows_per_second = run.rows() as f64 / run.seconds;
+    t.engine_seconds = run.report["duration_seconds"].as_f64();
+    t.batches = run.report["batches"].as_u64();
+    t.batch_p99_ms = run.batch_p99_ms();
+    t.slowest_batch_ms = run.slowest_batch_ms();
     Ok(t)
+}
+
+/// One `tombstoned cleanup --json` process, timed from spawn to exit, and the report it printed.
+pub struct CleanupProcess {
+    /// Wall time, spawn to exit.
+    pub seconds: f64,
+    /// The `--json` run report.
+    pub report: Value,
+}
+
+impl CleanupProcess {
+    /// Runs `binary cleanup --json` on `db` with the bench's batch size, and `args` / `env`.
+    pub async fn run(
+        bench: &Bench,
+        binary: &std::path::Path,
+        db: &str,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Result<Self> {
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .args(["cleanup", "--json"])
+            .args(args)
+            .env_clear()
+            .env("TOMBSTONED_DATABASE_URL", bench.server.url(db))
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        if let Some(n) = bench.batch_size {
+            command.args(["--batch-size", &n.to_string()]);
+        }
+        let started = Instant::now();
+        let output = command
+            .output()
+            .await
+            .context("running tombstoned cleanup")?;
+        let seconds = started.elapsed().as_secs_f64();
+        ensure!(
+            output.status.success(),
+            "tombstoned cleanup failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report = serde_json::from_slice(&output.stdout).context("cleanup --json output")?;
+        Ok(Self { seconds, report })
+    }
+
+    pub fn rows(&self) -> i64 {
+        self.report["rows_tombstoned"].as_i64().unwrap_or(0)
+    }
+
+    pub fn batch_p99_ms(&self) -> Option<f64> {
+        self.report["batch_p99_seconds"]
+            .as_f64()
+            .map(|s| s * 1000.0)
+    }
+
+    pub fn slowest_batch_ms(&self) -> f64 {
+        self.report["slowest_batch_seconds"].as_f64().unwrap_or(0.0) * 1000.0
+    }
 }
 
 async fn lsn_text(client: &Client) -> Result<String> {

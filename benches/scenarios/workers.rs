@@ -12,13 +12,13 @@
 
 use std::time::Instant;
 
-use anyhow::{ensure, Context as _, Result};
+use anyhow::{Context as _, Result};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio_postgres::types::ToSql;
 
-use crate::cleanup::SINGLE_UPDATE;
+use crate::cleanup::{CleanupProcess, SINGLE_UPDATE};
 use crate::report::{check, num, range, Row, ScenarioResult};
 use crate::stats::{median, median_of_pair_ratios, ratio};
 use crate::Bench;
@@ -121,35 +121,14 @@ fn timed(rows: i64, seconds: f64) -> Trial {
 
 /// (a) The real binary, as an operator runs it, with `workers` workers.
 async fn run_tombstoned(bench: &Bench, db: &str, workers: u32) -> Result<Trial> {
-    let mut command = tokio::process::Command::new(&bench.binary);
-    command
-        .args(["cleanup", "--json"])
-        .env_clear()
-        .env("TOMBSTONED_DATABASE_URL", bench.server.url(db))
-        .env("TOMBSTONED_CLEANUP__WORKERS", workers.to_string())
-        .env("RUST_LOG", "warn");
-    if let Some(n) = bench.batch_size {
-        command.args(["--batch-size", &n.to_string()]);
-    }
-    let started = Instant::now();
-    let output = command
-        .output()
-        .await
-        .context("running tombstoned cleanup")?;
-    let seconds = started.elapsed().as_secs_f64();
-    ensure!(
-        output.status.success(),
-        "tombstoned cleanup failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).context("cleanup --json output")?;
-    let mut t = timed(report["rows_tombstoned"].as_i64().unwrap_or(0), seconds);
-    t.engine_seconds = report["duration_seconds"].as_f64();
-    t.workers = report["workers"].as_u64();
-    t.batches = report["batches"].as_u64();
-    t.batch_p99_ms = report["batch_p99_seconds"].as_f64().map(|s| s * 1000.0);
-    t.slowest_ms = report["slowest_batch_seconds"].as_f64().unwrap_or(0.0) * 1000.0;
+    let env = [("TOMBSTONED_CLEANUP__WORKERS", workers.to_string())];
+    let run = CleanupProcess::run(bench, &bench.binary, db, &[], &env).await?;
+    let mut t = timed(run.rows(), run.seconds);
+    t.engine_seconds = run.report["duration_seconds"].as_f64();
+    t.workers = run.report["workers"].as_u64();
+    t.batches = run.report["batches"].as_u64();
+    t.batch_p99_ms = run.batch_p99_ms();
+    t.slowest_ms = run.slowest_batch_ms();
     Ok(t)
 }
 
