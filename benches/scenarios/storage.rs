@@ -246,6 +246,37 @@ const VARIANTS: &[Variant] = &[
         table: "public.v_intscope",
     },
     Variant {
+        name: "today's layout at fillfactor 100",
+        why: "the claim inserts its record complete and never updates it, so the 15 % headroom \
+              only keeps a tombstone's new version on its page (an in-place ALTER TABLE)",
+        ddl: "CREATE TABLE v_ff100 (LIKE tombstoned.idempotency_records INCLUDING DEFAULTS)
+                  WITH (fillfactor = 100);
+              INSERT INTO v_ff100 SELECT * FROM tombstoned.idempotency_records;
+              ALTER TABLE v_ff100
+                  ADD PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key);
+              CREATE INDEX ON v_ff100 (replay_deadline) WHERE NOT expired;
+              CREATE INDEX ON v_ff100 (expired_at) WHERE expired;",
+        table: "public.v_ff100",
+    },
+    Variant {
+        name: "one table: scope as integer ids, fillfactor 100, purge index as BRIN",
+        why: "the single-table candidate: the uniqueness check stays one primary key; the purge \
+              reads block ranges instead of a B-tree entry per tombstone",
+        ddl: "CREATE TABLE v_compact (tenant_id int4 NOT NULL, principal_id int4 NOT NULL,
+                  operation int2 NOT NULL, idempotency_key text NOT NULL, fingerprint bytea NOT NULL,
+                  status_code int2, response_body jsonb, order_id uuid, expired bool NOT NULL,
+                  created_at timestamptz NOT NULL, replay_deadline timestamptz NOT NULL,
+                  expired_at timestamptz) WITH (fillfactor = 100);
+              INSERT INTO v_compact SELECT substr(tenant_id, 8)::int4, substr(principal_id, 11)::int4,
+                  1, idempotency_key, fingerprint, status_code, response_body, order_id, expired,
+                  created_at, replay_deadline, expired_at FROM tombstoned.idempotency_records;
+              ALTER TABLE v_compact
+                  ADD PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key);
+              CREATE INDEX ON v_compact (replay_deadline) WHERE NOT expired;
+              CREATE INDEX ON v_compact USING brin (expired_at);",
+        table: "public.v_compact",
+    },
+    Variant {
         name: "tombstones in their own table: (scope id, key, fingerprint, order id, expired_at), fillfactor 100",
         why: "a tombstone needs neither body, status, deadlines nor update headroom (a design change: \
               the claim would have to check both tables)",
@@ -337,14 +368,15 @@ pub async fn scenario5(bench: &mut Bench) -> Result<ScenarioResult> {
             ratio: String::new(),
             pair_ratio: String::new(),
             range: format!("tuple {} B", num(tuple_tomb, 0)),
-            target: "<= 200, else: what shrinks it".into(),
+            // Issue 13's target (round 1 asked for 200).
+            target: "<= 250, else: what shrinks it".into(),
             verdict: check(
                 &mut checks,
                 5,
-                "tombstone <= 200 bytes all-in",
+                "tombstone <= 250 bytes all-in",
                 tomb.total,
-                "<= 200",
-                tomb.total <= 200.0,
+                "<= 250",
+                tomb.total <= 250.0,
                 quick,
             ),
         },
