@@ -160,7 +160,12 @@ fn created(e: &Exchange) -> bool {
 
 /// The order an answer names: a 201 or 200 (the order itself) or a 410 (the expired record's).
 fn order_id_of(e: &Exchange) -> Option<Uuid> {
-    match &e.answer {
+    order_id_in(&e.answer)
+}
+
+/// The `order_id` an answer's JSON body names (a 200/201 order or key status, a 410).
+fn order_id_in(answer: &Answer) -> Option<Uuid> {
+    match answer {
         Answer::Reply(r) if matches!(r.status, 200 | 201 | 410) => {
             serde_json::from_str::<serde_json::Value>(&r.text)
                 .ok()?
@@ -194,6 +199,11 @@ struct Failover {
     verdict: ledger::Verdict,
     figures: String,
     lost_acknowledged: usize,
+    /// Keys answered by the old primary from a record the new one lacks (none may be, when
+    /// every commit waited for the standby).
+    erased_keys: usize,
+    /// Reads that named an order the new primary lacks.
+    reads_of_lost_orders: usize,
     unknown_keys: usize,
 }
 
@@ -446,10 +456,19 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
     for e in exchanges.iter().filter(|e| !touches_loss(e)) {
         checked.record(e.clone());
     }
+    // A read that names an order the new primary lacks was answered by the old primary from
+    // what was lost (also an order whose creating answer the client never saw: dropped, or an
+    // outcome-unknown 503); reads carry no time, so that is how they are told apart.
+    let mut reads_of_lost_orders = 0;
     for r in ledger.reads.lock().unwrap().iter() {
+        let names_lost_order = [r.order_id, order_id_in(&r.answer)]
+            .into_iter()
+            .flatten()
+            .any(|id| !state.orders.contains_key(&id));
+        reads_of_lost_orders += usize::from(names_lost_order);
         let lost_read = lost_keys.contains(r.intent.key.as_str())
             || lost_requests.contains(&(r.intent.who.tenant, r.intent.request_id.as_str()))
-            || r.order_id.is_some_and(|id| lost_orders.contains(&id));
+            || names_lost_order;
         if !lost_read {
             checked.record_read(r.clone());
         }
@@ -514,8 +533,9 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
          first 201 for a fresh key after the promotion: {first_201:?}\n\
          first cleanup run recorded on the new primary: {cleaner_back:?} after the first 201\n\
          acknowledged orders lost: {} ({} answers named them, for {} keys); stored rejections \
-         lost: {} keys ({} answers); other keys whose record was lost: {}; outcome-unknown 503 keys: {} ({unknown_ended_in_order} \
-         retried into an order, the others refused without writing): {unknown_endings:?}\n\
+         lost: {} keys ({} answers); other keys whose record was lost: {}; reads naming a lost \
+         order: {reads_of_lost_orders}; outcome-unknown 503 keys: {} ({unknown_ended_in_order} retried into an order, the others refused without \
+         writing): {unknown_endings:?}\n\
          daemon: {} cleanup runs succeeded, {} skipped read-only, {} failed\n{}",
         lost_orders.len(),
         lost.len(),
@@ -546,6 +566,8 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
         verdict,
         figures,
         lost_acknowledged: lost_orders.len() + lost_rejected_keys.len(),
+        erased_keys: erased_keys.len(),
+        reads_of_lost_orders,
         unknown_keys: unknown.len(),
     }
 }
@@ -556,6 +578,8 @@ async fn failover_with_synchronous_replication_loses_no_acknowledged_claim() {
     let run = failover_under_load(Replication::Synchronous, "fs").await;
     crate::publish_figures("failover-synchronous", &run.figures);
     assert_eq!(run.lost_acknowledged, 0, "{}", run.figures);
+    assert_eq!(run.erased_keys, 0, "{}", run.figures);
+    assert_eq!(run.reads_of_lost_orders, 0, "{}", run.figures);
     run.verdict.assert_clean();
     // Claims were waiting for the stalled standby when the primary died, their COMMIT sent.
     assert!(
