@@ -199,8 +199,8 @@ struct Failover {
     verdict: ledger::Verdict,
     figures: String,
     lost_acknowledged: usize,
-    /// Keys answered by the old primary from a record the new one lacks (none may be, when
-    /// every commit waited for the standby).
+    /// Keys and request ids answered by the old primary from what the new one lacks (none may
+    /// be, when every commit waited for the standby).
     erased_keys: usize,
     /// Reads that named an order the new primary lacks.
     reads_of_lost_orders: usize,
@@ -444,9 +444,27 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
         .chain(&erased_keys)
         .copied()
         .collect();
+    // A 409 duplicate-request-id the old primary gave for an order the new one lacks (its
+    // creating answer never reached the client, so no answer above named it).
+    let erased_requests: HashSet<(&str, &str)> = exchanges
+        .iter()
+        .filter(|e| {
+            e.answered_at <= stopped_at
+                && matches!(&e.answer, Answer::Reply(r)
+                    if r.status == 409 && r.problem() == "duplicate-request-id")
+        })
+        .map(|e| (e.intent.who.tenant, e.intent.request_id.as_str()))
+        .filter(|(tenant, request_id)| {
+            !state
+                .orders
+                .values()
+                .any(|o| o.tenant == *tenant && o.request_id == *request_id)
+        })
+        .collect();
     let lost_requests: HashSet<(&str, &str)> = lost
         .iter()
         .map(|e| (e.intent.who.tenant, e.intent.request_id.as_str()))
+        .chain(erased_requests.iter().copied())
         .collect();
     let touches_loss = |e: &Exchange| {
         lost_keys.contains(e.intent.key.as_str())
@@ -533,9 +551,10 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
          first 201 for a fresh key after the promotion: {first_201:?}\n\
          first cleanup run recorded on the new primary: {cleaner_back:?} after the first 201\n\
          acknowledged orders lost: {} ({} answers named them, for {} keys); stored rejections \
-         lost: {} keys ({} answers); other keys whose record was lost: {}; reads naming a lost \
-         order: {reads_of_lost_orders}; outcome-unknown 503 keys: {} ({unknown_ended_in_order} retried into an order, the others refused without \
-         writing): {unknown_endings:?}\n\
+         lost: {} keys ({} answers); other keys whose record was lost: {}; request ids whose \
+         order was lost: {}; reads naming a lost order: {reads_of_lost_orders}; outcome-unknown \
+         503 keys: {} ({unknown_ended_in_order} retried into an order, the others refused \
+         without writing): {unknown_endings:?}\n\
          daemon: {} cleanup runs succeeded, {} skipped read-only, {} failed\n{}",
         lost_orders.len(),
         lost.len(),
@@ -543,6 +562,7 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
         lost_rejected_keys.len(),
         lost_rejections.len(),
         erased_keys.len(),
+        erased_requests.len(),
         unknown.len(),
         metric_value(
             &metrics,
@@ -566,7 +586,7 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
         verdict,
         figures,
         lost_acknowledged: lost_orders.len() + lost_rejected_keys.len(),
-        erased_keys: erased_keys.len(),
+        erased_keys: erased_keys.len() + erased_requests.len(),
         reads_of_lost_orders,
         unknown_keys: unknown.len(),
     }
