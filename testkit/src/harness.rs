@@ -220,3 +220,17 @@ async fn wait_until(observer: &Client, timeout: Duration, sql: &str, pid: i32) -
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A loopback listener that accepts connections and never sends a byte: a database host
+/// that hangs (the port and the task holding the accepted sockets).
+pub async fn silent_listener() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (port, task)
+}

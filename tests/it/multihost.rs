@@ -10,20 +10,7 @@ use tombstoned::pg_cluster::{free_loopback_port, ClusterOptions};
 use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
 
 use crate::conn_support::{config, run_binary, start_cluster};
-use crate::harness::TestDb;
-
-/// A loopback listener that accepts connections and never sends a byte.
-async fn silent_listener() -> (u16, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let task = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            held.push(socket);
-        }
-    });
-    (port, task)
-}
+use crate::harness::{silent_listener, TestDb};
 
 /// The margin a loaded 2-core machine needs on top of the timeouts.
 const MARGIN: Duration = Duration::from_secs(4);

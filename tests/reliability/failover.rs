@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::daemon::{connect, free_port, metric_value, Daemon, DaemonSpec};
 use crate::faults::until;
-use crate::harness::{self, TestDb};
+use crate::harness::{self, silent_listener, TestDb};
 use crate::ledger::{self, Answer, CheckOptions, DbState, Exchange, Kind, Ledger, SharedPool};
 use crate::load::{self, Api, LoadSpec, Mix};
 
@@ -128,13 +128,7 @@ impl Background {
     }
 
     fn count(&self, pred: impl Fn(&Exchange) -> bool) -> usize {
-        self.ledger
-            .exchanges
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| pred(e))
-            .count()
+        self.ledger.count(pred)
     }
 
     /// Stops the clients, then retries every intent until it has a definite answer.
@@ -620,19 +614,6 @@ async fn failover_with_asynchronous_replication_counts_lost_claims_and_keeps_the
     // By construction some were: 20 claims were acknowledged after the walsender had stopped
     // sending. Seeing them proves the count counts.
     assert!(run.lost_acknowledged >= 1, "{}", run.figures);
-}
-
-/// A loopback listener that accepts connections and never sends a byte.
-async fn silent_listener() -> (u16, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let task = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            held.push(socket);
-        }
-    });
-    (port, task)
 }
 
 /// Starts `serve` on `url` and times it from the spawn to its first 201.

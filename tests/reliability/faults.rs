@@ -91,13 +91,7 @@ impl Background {
 
     /// Answers matching `pred` so far.
     fn count(&self, pred: impl Fn(&ledger::Exchange) -> bool) -> usize {
-        self.ledger
-            .exchanges
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| pred(e))
-            .count()
+        self.ledger.count(pred)
     }
 
     async fn stop(self) -> (Arc<Ledger>, SharedPool, Api) {

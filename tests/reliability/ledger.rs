@@ -258,6 +258,16 @@ pub struct Ledger {
 }
 
 impl Ledger {
+    /// Answers matching `pred` so far.
+    pub fn count(&self, pred: impl Fn(&Exchange) -> bool) -> usize {
+        self.exchanges
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| pred(e))
+            .count()
+    }
+
     pub fn record(&self, e: Exchange) {
         self.exchanges.lock().unwrap().push(e);
     }
