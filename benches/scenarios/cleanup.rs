@@ -495,7 +495,8 @@ pub async fn scenario1(bench: &mut Bench, keep_for_storage: bool) -> Result<Scen
         1,
         "",
         &format!("{rows_due} due of {}", bench.scale.s1_records),
-        0.85,
+        // Issue 13, target 2: at or above the single UPDATE on the tuned scale too (round 1: 0.85).
+        1.0,
         &mut checks,
         quick,
     );
