@@ -206,6 +206,28 @@ async fn waldump(bench: &Bench, start: &str, end: &str) -> Result<Option<WalStat
     Ok(Some(stats))
 }
 
+/// The seeded records as a table `$name` with the scope as integer ids (the seed's
+/// `tenant-N` / `principal-N` numbers; one operation), at fillfactor `$fillfactor`, with its
+/// primary key and due index; the caller adds the purge index it measures.
+macro_rules! int_scope_table {
+    ($name:literal, $fillfactor:literal) => {
+        concat!(
+            "CREATE TABLE ", $name, " (tenant_id int4 NOT NULL, principal_id int4 NOT NULL,
+                  operation int2 NOT NULL, idempotency_key text NOT NULL, fingerprint bytea NOT NULL,
+                  status_code int2, response_body jsonb, order_id uuid, expired bool NOT NULL,
+                  created_at timestamptz NOT NULL, replay_deadline timestamptz NOT NULL,
+                  expired_at timestamptz) WITH (fillfactor = ", $fillfactor, ");
+              INSERT INTO ", $name, " SELECT substr(tenant_id, 8)::int4, substr(principal_id, 11)::int4,
+                  1, idempotency_key, fingerprint, status_code, response_body, order_id, expired,
+                  created_at, replay_deadline, expired_at FROM tombstoned.idempotency_records;
+              ALTER TABLE ", $name, "
+                  ADD PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key);
+              CREATE INDEX ON ", $name, " (replay_deadline) WHERE NOT expired;
+              "
+        )
+    };
+}
+
 /// A tombstone layout to compare, built from the seeded tombstones of a scratch database.
 struct Variant {
     name: &'static str,
@@ -231,18 +253,10 @@ const VARIANTS: &[Variant] = &[
     Variant {
         name: "scope as integer ids (tenant, principal, operation looked up in a small table)",
         why: "tenant, principal and operation are repeated text in every heap tuple and key entry",
-        ddl: "CREATE TABLE v_intscope (tenant_id int4 NOT NULL, principal_id int4 NOT NULL,
-                  operation int2 NOT NULL, idempotency_key text NOT NULL, fingerprint bytea NOT NULL,
-                  status_code int2, response_body jsonb, order_id uuid, expired bool NOT NULL,
-                  created_at timestamptz NOT NULL, replay_deadline timestamptz NOT NULL,
-                  expired_at timestamptz) WITH (fillfactor = 85);
-              INSERT INTO v_intscope SELECT substr(tenant_id, 8)::int4, substr(principal_id, 11)::int4,
-                  1, idempotency_key, fingerprint, status_code, response_body, order_id, expired,
-                  created_at, replay_deadline, expired_at FROM tombstoned.idempotency_records;
-              ALTER TABLE v_intscope
-                  ADD PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key);
-              CREATE INDEX ON v_intscope (replay_deadline) WHERE NOT expired;
-              CREATE INDEX ON v_intscope (expired_at) WHERE expired;",
+        ddl: concat!(
+            int_scope_table!("v_intscope", "85"),
+            "CREATE INDEX ON v_intscope (expired_at) WHERE expired;"
+        ),
         table: "public.v_intscope",
     },
     Variant {
@@ -262,18 +276,10 @@ const VARIANTS: &[Variant] = &[
         name: "one table: scope as integer ids, fillfactor 100, purge index as BRIN",
         why: "the single-table candidate: the uniqueness check stays one primary key; the purge \
               reads block ranges instead of a B-tree entry per tombstone",
-        ddl: "CREATE TABLE v_compact (tenant_id int4 NOT NULL, principal_id int4 NOT NULL,
-                  operation int2 NOT NULL, idempotency_key text NOT NULL, fingerprint bytea NOT NULL,
-                  status_code int2, response_body jsonb, order_id uuid, expired bool NOT NULL,
-                  created_at timestamptz NOT NULL, replay_deadline timestamptz NOT NULL,
-                  expired_at timestamptz) WITH (fillfactor = 100);
-              INSERT INTO v_compact SELECT substr(tenant_id, 8)::int4, substr(principal_id, 11)::int4,
-                  1, idempotency_key, fingerprint, status_code, response_body, order_id, expired,
-                  created_at, replay_deadline, expired_at FROM tombstoned.idempotency_records;
-              ALTER TABLE v_compact
-                  ADD PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key);
-              CREATE INDEX ON v_compact (replay_deadline) WHERE NOT expired;
-              CREATE INDEX ON v_compact USING brin (expired_at);",
+        ddl: concat!(
+            int_scope_table!("v_compact", "100"),
+            "CREATE INDEX ON v_compact USING brin (expired_at);"
+        ),
         table: "public.v_compact",
     },
     Variant {
