@@ -32,6 +32,7 @@ use crate::ops::watchdog::WatchdogHealth;
 use crate::outbox::Relay;
 use crate::scheduler::{Scheduler, SchedulerStatus};
 use crate::signals::GracefulStop;
+use crate::sql_api;
 
 /// How long in-flight API requests may take to finish after SIGTERM.
 const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -72,6 +73,9 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         if let Some(problem) = status.problem() {
             return Err(migrations::SchemaNotCurrent(problem).into());
         }
+        let api_version = sql_api::schema_version(&session.conn()).await?;
+        sql_api::require_known(api_version)
+            .map_err(|unknown| migrations::SchemaNotCurrent(unknown.to_string()))?;
     }
     // A throttle the role cannot observe is refused now, once (exit 64), not at every run.
     crate::cleanup::check_replica_lag_visible(&config.database, &config.cleanup)

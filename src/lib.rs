@@ -71,6 +71,7 @@ pub mod pg_cluster;
 pub mod schedule;
 pub mod scheduler;
 pub(crate) mod signals;
+pub mod sql_api;
 pub mod status;
 pub(crate) mod stdout;
 pub(crate) mod toml_diagnostic;

@@ -105,6 +105,8 @@ pub struct OutboxBacklog {
 pub struct StatusReport {
     /// The configured schema.
     pub schema: String,
+    /// Its SQL API version (`api_version()`, [`crate::sql_api`]).
+    pub api_version: i32,
     /// The database clock when the snapshot was taken; every age is relative to it.
     pub read_at: DateTime<Utc>,
     /// The cleanup lease (`None`: never taken).
@@ -309,8 +311,16 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
         None
     };
 
+    let api_version = crate::sql_api::schema_version(client)
+        .await
+        .map_err(|source| StatusError::Read {
+            step: "the SQL API version",
+            source,
+        })?;
+
     Ok(StatusReport {
         schema: schema.to_owned(),
+        api_version,
         read_at,
         lease,
         last_success,

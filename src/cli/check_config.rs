@@ -26,6 +26,13 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     for line in db::connection_summary(&config.database) {
         let _ = writeln!(out, "database {line}");
     }
+    let _ = writeln!(
+        out,
+        "sql api: version {} (the functions `tombstoned migrate` installs in schema {}; serve \
+         refuses a schema with another version, `tombstoned status` shows the schema's)",
+        crate::sql_api::API_VERSION,
+        config.database.schema
+    );
     let purge = config.retention.purge_tombstones_after.map_or(
         "off (tombstones are kept forever)".to_owned(),
         |d| {

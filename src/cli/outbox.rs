@@ -374,7 +374,8 @@ mod tests {
         let e = EventSummary {
             event_id: Uuid::from_u128(7),
             event_type: "order.created".into(),
-            order_id: Uuid::from_u128(8),
+            order_id: Some(Uuid::from_u128(8)),
+            aggregate_id: None,
             sequence: 1,
             created_at: t,
             attempts: 3,

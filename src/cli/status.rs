@@ -84,8 +84,9 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
     let age = |t: DateTime<Utc>| ago((now - t).num_milliseconds() as f64 / 1000.0);
     let _ = writeln!(
         out,
-        "schema {}, database clock {}",
+        "schema {} (SQL API version {}), database clock {}",
         r.schema,
+        r.api_version,
         timestamp(now)
     );
 

@@ -46,9 +46,13 @@ pub struct EventSummary {
     pub event_id: Uuid,
     /// e.g. `order.created`.
     pub event_type: String,
-    /// Its order.
-    pub order_id: Uuid,
-    /// Its place in the order's sequence.
+    /// Its order (the endpoint's events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<Uuid>,
+    /// Its aggregate (events enqueued through the SQL API's `enqueue_event`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aggregate_id: Option<String>,
+    /// Its place in its order's or aggregate's sequence.
     pub sequence: i32,
     /// When it was created.
     pub created_at: DateTime<Utc>,
@@ -84,6 +88,7 @@ impl EventSummary {
             event_id: row.try_get("event_id")?,
             event_type: row.try_get("event_type")?,
             order_id: row.try_get("order_id")?,
+            aggregate_id: row.try_get("aggregate_id")?,
             sequence: row.try_get("sequence")?,
             created_at: row.try_get("created_at")?,
             attempts: row.try_get("attempts")?,

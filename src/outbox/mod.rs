@@ -131,13 +131,14 @@ impl OutboxError {
 pub struct Event {
     /// The stable identity: `webhook-id`, the receivers' deduplication key.
     pub event_id: Uuid,
-    /// The tenant the order belongs to.
+    /// The tenant the business object belongs to.
     pub tenant_id: String,
-    /// The business object.
-    pub order_id: Uuid,
+    /// The business object: an order (the endpoint's events) or, for events enqueued through
+    /// the SQL API's `enqueue_event`, an aggregate of the caller's own.
+    pub subject: Subject,
     /// e.g. `order.created`.
     pub event_type: String,
-    /// The event's place among its order's events, from 1.
+    /// The event's place among its subject's events, from 1.
     pub sequence: i32,
     /// The event's data (for `order.created`: the order and the request's metadata).
     pub payload: serde_json::Value,
@@ -147,14 +148,54 @@ pub struct Event {
     pub attempts: i32,
 }
 
+/// What an event is about: exactly one of the two (`outbox_events_one_subject`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// `order_id`: an order of the built-in endpoint.
+    Order(Uuid),
+    /// `aggregate_id`: whatever the `enqueue_event` caller sequences its events by.
+    Aggregate(String),
+}
+
+impl Subject {
+    fn from_columns(order_id: Option<Uuid>, aggregate_id: Option<String>) -> Self {
+        match (order_id, aggregate_id) {
+            (Some(order), _) => Subject::Order(order),
+            // The check constraint makes (None, None) impossible; an empty aggregate id is
+            // refused by its length check, so it cannot be confused with a real one.
+            (None, aggregate) => Subject::Aggregate(aggregate.unwrap_or_default()),
+        }
+    }
+
+    /// The order, for order events.
+    pub fn order_id(&self) -> Option<Uuid> {
+        match self {
+            Subject::Order(id) => Some(*id),
+            Subject::Aggregate(_) => None,
+        }
+    }
+
+    /// The aggregate, for `enqueue_event`'s events.
+    pub fn aggregate_id(&self) -> Option<&str> {
+        match self {
+            Subject::Order(_) => None,
+            Subject::Aggregate(id) => Some(id),
+        }
+    }
+}
+
 /// The JSON body of a delivery; field order is fixed, so every attempt sends the same bytes.
+/// An order event names `order_id`, an aggregate's event `aggregate_id`, never both.
 #[derive(Serialize)]
 struct Body<'a> {
     event_id: Uuid,
     #[serde(rename = "type")]
     event_type: &'a str,
     sequence: i32,
-    order_id: Uuid,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    order_id: Option<Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aggregate_id: Option<&'a str>,
     tenant_id: &'a str,
     created_at: String,
     data: &'a serde_json::Value,
@@ -162,13 +203,15 @@ struct Body<'a> {
 
 impl Event {
     /// The request body (README "Outbox delivery" documents it):
-    /// `{"event_id", "type", "sequence", "order_id", "tenant_id", "created_at", "data"}`.
+    /// `{"event_id", "type", "sequence", "order_id", "tenant_id", "created_at", "data"}`, with
+    /// `aggregate_id` in place of `order_id` for an aggregate's event.
     pub fn body(&self) -> Vec<u8> {
         let body = Body {
             event_id: self.event_id,
             event_type: &self.event_type,
             sequence: self.sequence,
-            order_id: self.order_id,
+            order_id: self.subject.order_id(),
+            aggregate_id: self.subject.aggregate_id(),
             tenant_id: &self.tenant_id,
             created_at: self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
             data: &self.payload,
@@ -181,7 +224,7 @@ impl Event {
         Ok(Event {
             event_id: row.try_get("event_id")?,
             tenant_id: row.try_get("tenant_id")?,
-            order_id: row.try_get("order_id")?,
+            subject: Subject::from_columns(row.try_get("order_id")?, row.try_get("aggregate_id")?),
             event_type: row.try_get("event_type")?,
             sequence: row.try_get("sequence")?,
             payload: row.try_get("payload")?,
@@ -200,7 +243,7 @@ mod tests {
         let event = Event {
             event_id: Uuid::from_u128(1),
             tenant_id: "acme".into(),
-            order_id: Uuid::from_u128(2),
+            subject: Subject::Order(Uuid::from_u128(2)),
             event_type: "order.created".into(),
             sequence: 1,
             payload: serde_json::json!({"order": {"item": "book"}, "metadata": {}}),

@@ -26,8 +26,11 @@ pub const READ_ONLY_END: &str = "ROLLBACK";
 pub const NOW: &str = "SELECT now()";
 
 /// The condition "due now": pending (neither delivered nor a dead letter), its retry time
-/// reached, no live lease, and every lower-sequence event of its order delivered (head-of-line
-/// per order). Alias `e`.
+/// reached, no live lease, and every lower-sequence event of its subject delivered
+/// (head-of-line per order, or per aggregate for `enqueue_event`'s events: an event has exactly
+/// one of `order_id` and `aggregate_id`, so one of the two checks is void; each has its own
+/// index, `outbox_events_order_sequence_key` and `outbox_events_aggregate_sequence_key`).
+/// Alias `e`.
 macro_rules! due_condition {
     () => {
         "e.published_at IS NULL
@@ -38,6 +41,12 @@ macro_rules! due_condition {
         SELECT FROM {schema}.outbox_events AS earlier
         WHERE earlier.order_id = e.order_id
           AND earlier.sequence < e.sequence
+          AND earlier.published_at IS NULL)
+    AND NOT EXISTS (
+        SELECT FROM {schema}.outbox_events AS earlier
+        WHERE earlier.tenant_id = e.tenant_id
+          AND earlier.aggregate_id = e.aggregate_id
+          AND earlier.sequence < e.sequence
           AND earlier.published_at IS NULL)"
     };
 }
@@ -45,8 +54,8 @@ macro_rules! due_condition {
 /// The columns of an [`super::Event`].
 macro_rules! event_columns {
     () => {
-        "e.event_id, e.tenant_id, e.order_id, e.event_type, e.sequence, e.payload, e.created_at, \
-         e.attempts"
+        "e.event_id, e.tenant_id, e.order_id, e.aggregate_id, e.event_type, e.sequence, e.payload, \
+         e.created_at, e.attempts"
     };
 }
 
@@ -142,7 +151,7 @@ WHERE published_at IS NULL";
 /// The columns of an [`super::EventSummary`].
 macro_rules! summary_columns {
     () => {
-        "e.event_id, e.event_type, e.order_id, e.sequence, e.created_at, e.attempts,
+        "e.event_id, e.event_type, e.order_id, e.aggregate_id, e.sequence, e.created_at, e.attempts,
        e.next_attempt_at, e.locked_until, e.last_attempt_at, e.last_status, e.last_error,
        e.published_at, e.dead_lettered_at"
     };

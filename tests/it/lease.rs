@@ -379,24 +379,22 @@ async fn a_failed_run_is_recorded_with_its_one_line_error() {
 async fn v3_upgrades_a_populated_database_in_place() {
     let db = TestDb::empty().await;
     let config = db.config();
-    migrations::migrate(&config.database).await.unwrap();
-    let client = db.client().await;
-    // Back to V2: what a database migrated by the previous release looks like.
-    client
-        .batch_execute(
-            "DROP TABLE tombstoned.cleanup_lease, tombstoned.cleanup_runs;
-             DROP FUNCTION tombstoned.cleanup_lease_required(timestamptz);
-             DELETE FROM tombstoned.schema_history WHERE version = 3;",
-        )
-        .await
-        .unwrap();
+    let mut client = db.client().await;
+    // At V2: what a database migrated by the previous release looks like.
+    assert_eq!(
+        crate::schema_support::migrate_to(&mut client, 2).await,
+        [1, 2]
+    );
     seed_live(&client, "old", 50, DUE).await;
     seed_live(&client, "later", 20, NOT_DUE).await;
     let before = checksum(&client).await;
 
-    let applied = migrations::migrate(&config.database).await.unwrap();
-    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [3]);
+    // V3 alone, as the release that introduced it applied it (V4 adds a column, which changes
+    // the rows' text form; its own upgrade test is in sql_api.rs).
+    assert_eq!(crate::schema_support::migrate_to(&mut client, 3).await, [3]);
     assert_eq!(checksum(&client).await, before, "V3 changed existing rows");
+    let applied = migrations::migrate(&config.database).await.unwrap();
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [4]);
     assert!(migrations::status(
         &tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None),
         None

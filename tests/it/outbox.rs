@@ -821,10 +821,6 @@ async fn the_one_shot_command_delivers_previews_and_refuses_unsafe_configuration
     drop(dir);
 }
 
-mod embedded {
-    refinery::embed_migrations!("migrations");
-}
-
 /// V2 upgrades a V1 database with rows in place: existing events become pending first events
 /// of their orders, due now; a delivered mark survives; the relay then sends only the rest.
 #[tokio::test]
@@ -832,14 +828,7 @@ async fn v2_upgrades_a_populated_v1_database_and_its_events_are_then_delivered()
     let db = TestDb::empty().await;
     let config = db.config();
     let mut client = db.client().await;
-    client
-        .batch_execute("CREATE SCHEMA tombstoned")
-        .await
-        .unwrap();
-    let mut runner = embedded::migrations::runner().set_target(refinery::Target::Version(1));
-    runner.set_migration_table_name(migrations::HISTORY_TABLE);
-    let applied = runner.run_async(&mut client).await.unwrap();
-    assert_eq!(applied.applied_migrations().len(), 1);
+    assert_eq!(crate::schema_support::migrate_to(&mut client, 1).await, [1]);
     // V1 rows, written the way a V1 binary wrote them.
     let mut events = Vec::new();
     for n in 0..3 {
@@ -875,7 +864,7 @@ async fn v2_upgrades_a_populated_v1_database_and_its_events_are_then_delivered()
     let upgraded = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(
         upgraded.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [2, 3]
+        [2, 3, 4]
     );
     let status = migrations::status(&Conn::dedicated(&client, "tombstoned", Pooler::None), None)
         .await

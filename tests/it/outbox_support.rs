@@ -105,18 +105,26 @@ impl Drop for Receiver {
 const SINK_DDL: &str = "
 CREATE SCHEMA IF NOT EXISTS receiver;
 -- What the README's example receiver keeps: each webhook-id once.
+-- An event names an order (the endpoint's) or an aggregate (enqueue_event's).
 CREATE TABLE IF NOT EXISTS receiver.sink (
     webhook_id   uuid PRIMARY KEY,
-    order_id     uuid NOT NULL,
+    order_id     uuid NULL,
+    aggregate_id text NULL,
     sequence     integer NOT NULL,
     event_type   text NOT NULL,
-    received_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+    received_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CHECK ((order_id IS NULL) <> (aggregate_id IS NULL))
 );
 -- The receiver's own business change, made in the same transaction.
 CREATE TABLE IF NOT EXISTS receiver.shipments (
     order_id     uuid NOT NULL,
     sequence     integer NOT NULL,
     PRIMARY KEY (order_id, sequence)
+);
+CREATE TABLE IF NOT EXISTS receiver.aggregate_effects (
+    aggregate_id text NOT NULL,
+    sequence     integer NOT NULL,
+    PRIMARY KEY (aggregate_id, sequence)
 );";
 
 impl Receiver {
@@ -341,24 +349,28 @@ async fn handle(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
 /// and, only if it was new, make the business change.
 async fn apply(s: &Shared, event: &serde_json::Value) {
     let id: Uuid = event["event_id"].as_str().unwrap().parse().unwrap();
-    let order: Uuid = event["order_id"].as_str().unwrap().parse().unwrap();
+    // Exactly one of the two (an aggregate's event has no order_id).
+    let order: Option<Uuid> = event["order_id"].as_str().map(|o| o.parse().unwrap());
+    let aggregate: Option<&str> = event["aggregate_id"].as_str();
+    assert!(order.is_some() != aggregate.is_some(), "{event}");
     let sequence = i32::try_from(event["sequence"].as_i64().unwrap()).unwrap();
     let event_type = event["type"].as_str().unwrap().to_owned();
     let mut client = s.pool.get().await.unwrap();
     let tx = client.transaction().await.unwrap();
     let new = tx
         .execute(
-            "INSERT INTO receiver.sink (webhook_id, order_id, sequence, event_type)
-             VALUES ($1, $2, $3, $4) ON CONFLICT (webhook_id) DO NOTHING",
-            &[&id, &order, &sequence, &event_type],
+            "INSERT INTO receiver.sink (webhook_id, order_id, aggregate_id, sequence, event_type)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (webhook_id) DO NOTHING",
+            &[&id, &order, &aggregate, &sequence, &event_type],
         )
         .await
         .unwrap();
     if new == 1 {
         let earlier: i64 = tx
             .query_one(
-                "SELECT count(*) FROM receiver.sink WHERE order_id = $1 AND sequence < $2",
-                &[&order, &sequence],
+                "SELECT count(*) FROM receiver.sink
+                 WHERE (order_id = $1 OR aggregate_id = $2) AND sequence < $3",
+                &[&order, &aggregate, &sequence],
             )
             .await
             .unwrap()
@@ -366,12 +378,21 @@ async fn apply(s: &Shared, event: &serde_json::Value) {
         if earlier != i64::from(sequence) - 1 {
             s.out_of_order.fetch_add(1, Ordering::SeqCst);
         }
-        tx.execute(
-            "INSERT INTO receiver.shipments (order_id, sequence) VALUES ($1, $2)",
-            &[&order, &sequence],
-        )
-        .await
-        .unwrap();
+        if order.is_some() {
+            tx.execute(
+                "INSERT INTO receiver.shipments (order_id, sequence) VALUES ($1, $2)",
+                &[&order, &sequence],
+            )
+            .await
+            .unwrap();
+        } else {
+            tx.execute(
+                "INSERT INTO receiver.aggregate_effects (aggregate_id, sequence) VALUES ($1, $2)",
+                &[&aggregate, &sequence],
+            )
+            .await
+            .unwrap();
+        }
     } else {
         s.duplicates.fetch_add(1, Ordering::SeqCst);
     }

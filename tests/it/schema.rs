@@ -18,13 +18,13 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(before.applied.is_empty());
-    assert_eq!(before.pending.len(), 3, "{before:?}");
+    assert_eq!(before.pending.len(), 4, "{before:?}");
     assert!(before.problem().unwrap().contains("tombstoned migrate"));
 
     let first = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(
         first.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [1, 2, 3]
+        [1, 2, 3, 4]
     );
     let second = migrations::migrate(&config.database).await.unwrap();
     assert!(second.is_empty(), "second run applied {second:?}");
@@ -33,7 +33,7 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(after.is_current(), "{after:?}");
-    assert_eq!(after.applied.len(), 3);
+    assert_eq!(after.applied.len(), 4);
 }
 
 #[tokio::test]
@@ -54,17 +54,14 @@ async fn concurrent_migrate_runs_are_serialised() {
             .expect("every concurrent run succeeds")
             .len();
     }
-    assert_eq!(
-        applied, 3,
-        "V1, V2 and V3 are each applied by exactly one run"
-    );
+    assert_eq!(applied, 4, "V1 to V4 are each applied by exactly one run");
     let client = db.client().await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 3);
+    assert_eq!(rows, 4);
 }
 
 #[tokio::test]
@@ -91,6 +88,7 @@ async fn migrate_honours_the_configured_schema() {
             "cleanup_runs",
             "idempotency_records",
             "orders",
+            "outbox_aggregates",
             "outbox_events",
             "schema_history"
         ]
@@ -197,6 +195,8 @@ async fn tables_have_the_documented_columns() {
             "timestamp with time zone",
             "YES",
         ),
+        // V4: the SQL API's reference to the caller's business object.
+        ("idempotency_records", "resource_id", "text", "YES"),
         ("orders", "order_id", "uuid", "NO"),
         ("orders", "tenant_id", "text", "NO"),
         ("orders", "principal_id", "text", "NO"),
@@ -208,9 +208,14 @@ async fn tables_have_the_documented_columns() {
         ("orders", "recipient", "text", "NO"),
         ("orders", "status", "text", "NO"),
         ("orders", "created_at", "timestamp with time zone", "NO"),
+        // V4: sequence counters of enqueue_event's aggregates.
+        ("outbox_aggregates", "tenant_id", "text", "NO"),
+        ("outbox_aggregates", "aggregate_id", "text", "NO"),
+        ("outbox_aggregates", "last_sequence", "integer", "NO"),
         ("outbox_events", "event_id", "uuid", "NO"),
         ("outbox_events", "tenant_id", "text", "NO"),
-        ("outbox_events", "order_id", "uuid", "NO"),
+        // Nullable since V4: an event names an order or an aggregate.
+        ("outbox_events", "order_id", "uuid", "YES"),
         ("outbox_events", "event_type", "text", "NO"),
         ("outbox_events", "payload", "jsonb", "NO"),
         (
@@ -255,6 +260,8 @@ async fn tables_have_the_documented_columns() {
             "timestamp with time zone",
             "YES",
         ),
+        // V4.
+        ("outbox_events", "aggregate_id", "text", "YES"),
     ];
     let expected: Vec<(String, String, String, String)> = expected
         .iter()

@@ -1,0 +1,67 @@
+//! The SQL API: the protocol as functions any service calls inside its own transaction
+//! (`claim`, `complete`, `lookup`, `enqueue_event`, `fingerprint`, `api_version`), installed by
+//! `migrations/V4__sql_api.sql` and documented in docs/api.md. This module is the daemon's side
+//! of it: the version this binary speaks, and reading the version a schema offers.
+
+use crate::db::{Conn, DbError};
+
+/// The version of the SQL API this binary installs and knows: the functions' names, arguments,
+/// result columns and SQLSTATEs. A change that would break a caller is a new version.
+pub const API_VERSION: i32 = 1;
+
+/// The statements, by name.
+pub mod sql {
+    /// The schema's `api_version()`; no argument.
+    pub const API_VERSION: &str = "SELECT {schema}.api_version()";
+}
+
+/// A schema whose API this binary does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the schema's SQL API is version {found}, which this tombstoned does not know (it knows \
+     version {API_VERSION}); run the tombstoned that migrated it, or upgrade"
+)]
+pub struct UnknownApiVersion {
+    /// What the schema's `api_version()` returned.
+    pub found: i32,
+}
+
+/// What `api_version()` returns on `conn`'s schema (which must be migrated).
+pub async fn schema_version(conn: &Conn<'_>) -> Result<i32, DbError> {
+    let row = conn
+        .query_one(sql::API_VERSION, &[])
+        .await
+        .map_err(DbError::Query)?;
+    row.try_get(0).map_err(DbError::Query)
+}
+
+/// `Ok(())` when this binary knows `version`.
+pub fn require_known(version: i32) -> Result<(), UnknownApiVersion> {
+    if version == API_VERSION {
+        Ok(())
+    } else {
+        Err(UnknownApiVersion { found: version })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_this_binarys_version_is_known() {
+        assert_eq!(require_known(API_VERSION), Ok(()));
+        let newer = require_known(API_VERSION + 1).unwrap_err();
+        assert_eq!(newer.found, API_VERSION + 1);
+        assert!(newer.to_string().contains("version 2"), "{newer}");
+    }
+
+    #[test]
+    fn the_migration_defines_the_version_this_binary_knows() {
+        let migration = include_str!("../migrations/V4__sql_api.sql");
+        assert!(
+            migration.contains(&format!("AS $$ SELECT {API_VERSION} $$;")),
+            "api_version() in V4 must return {API_VERSION}"
+        );
+    }
+}
