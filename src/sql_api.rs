@@ -3,6 +3,8 @@
 //! `migrations/V4__sql_api.sql` and documented in docs/api.md. This module is the daemon's side
 //! of it: the version this binary speaks, and reading the version a schema offers.
 
+use tokio_postgres::error::SqlState;
+
 use crate::db::{Conn, DbError};
 
 /// The version of the SQL API this binary installs and knows: the functions' names, arguments,
@@ -26,13 +28,42 @@ pub struct UnknownApiVersion {
     pub found: i32,
 }
 
+/// Why the schema's version could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    /// 42501: the daemon's role is not the one that ran `migrate` and lacks the grant (the
+    /// functions are not executable by PUBLIC).
+    #[error(
+        "this role may not call {schema}.api_version(): the SQL API's functions are not \
+         executable by PUBLIC; GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO the daemon's \
+         role (or run it as the role that ran `tombstoned migrate`)"
+    )]
+    NotPermitted {
+        /// The configured schema.
+        schema: String,
+    },
+    /// Any other failure of the read.
+    #[error("cannot read the schema's SQL API version")]
+    Db(#[source] DbError),
+}
+
 /// What `api_version()` returns on `conn`'s schema (which must be migrated).
-pub async fn schema_version(conn: &Conn<'_>) -> Result<i32, DbError> {
+pub async fn schema_version(conn: &Conn<'_>) -> Result<i32, VersionError> {
+    let denied = |e: tokio_postgres::Error| {
+        if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+            VersionError::NotPermitted {
+                schema: conn.schema().to_owned(),
+            }
+        } else {
+            VersionError::Db(DbError::Query(e))
+        }
+    };
     let row = conn
         .query_one(sql::API_VERSION, &[])
         .await
-        .map_err(DbError::Query)?;
-    row.try_get(0).map_err(DbError::Query)
+        .map_err(denied)?;
+    row.try_get(0)
+        .map_err(|e| VersionError::Db(DbError::Query(e)))
 }
 
 /// `Ok(())` when this binary knows `version`.

@@ -25,6 +25,9 @@ pub enum StatusError {
     /// The schema is not at this binary's version (migrations pending or unknown).
     #[error("the schema is not current: {0}")]
     SchemaNotCurrent(String),
+    /// The schema's SQL API version could not be read.
+    #[error(transparent)]
+    ApiVersion(crate::sql_api::VersionError),
     /// A read failed.
     #[error("cannot read the status ({step})")]
     Read {
@@ -313,10 +316,7 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
 
     let api_version = crate::sql_api::schema_version(client)
         .await
-        .map_err(|source| StatusError::Read {
-            step: "the SQL API version",
-            source,
-        })?;
+        .map_err(StatusError::ApiVersion)?;
 
     Ok(StatusReport {
         schema: schema.to_owned(),

@@ -346,7 +346,14 @@ fn is_sql(literal: &str) -> bool {
     })
 }
 
-const SERVICES: &[&str] = &["cleanup", "claim", "outbox", "lookup", "scheduler"];
+const SERVICES: &[&str] = &[
+    "cleanup",
+    "claim",
+    "outbox",
+    "lookup",
+    "scheduler",
+    "sql_api",
+];
 const EDGE_AND_HTTP: &[&str] = &["http", "daemon", "ops", "cli"];
 const PURE_CORE: &[&str] = &[
     "schedule",

@@ -1377,13 +1377,32 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
          FROM idempotency_records"
     );
     let before: String = admin.query_one(&checksum_sql, &[]).await.unwrap().get(0);
+    let checksum_sql = format!("{checksum_sql} WHERE idempotency_key NOT LIKE 'size-%'");
+    // An endpoint tombstone's size on each side of the upgrade (the same shape of row).
+    let tombstone_size = "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+             idempotency_key, fingerprint, status_code, order_id, replay_deadline, expired,
+             expired_at)
+         VALUES ('acme', 'alice', 'create-order', $1::text, sha256(convert_to($1::text, 'UTF8')),
+                 201, gen_random_uuid(), now(), true, now())
+         RETURNING pg_column_size(idempotency_records.*)";
+    let size_v3: i32 = admin
+        .query_one(tombstone_size, &[&"size-v3"])
+        .await
+        .unwrap()
+        .get(0);
 
     let applied = tombstoned::db::migrations::migrate(&config.database)
         .await
         .unwrap();
     assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [4]);
+    let size_v4: i32 = admin
+        .query_one(tombstone_size, &[&"size-v4"])
+        .await
+        .unwrap()
+        .get(0);
     let after: String = admin.query_one(&checksum_sql, &[]).await.unwrap().get(0);
     assert_eq!(after, before, "V4 changed existing records");
+    assert_eq!(size_v4, size_v3, "V4 made an endpoint tombstone larger");
 
     // The endpoint's record, seen through the functions: its order id is its resource.
     let svc = Service::create(&db).await;
@@ -1417,7 +1436,8 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
     assert_eq!(report.rows_tombstoned, 41);
     let tombstones = admin
         .query(
-            "SELECT operation, count(*) FROM idempotency_records WHERE expired
+            "SELECT operation, count(*) FROM idempotency_records
+             WHERE expired AND idempotency_key NOT LIKE 'size-%'
              GROUP BY operation ORDER BY operation",
             &[],
         )
@@ -1480,6 +1500,48 @@ async fn serve_refuses_an_unknown_api_version_and_status_shows_it() {
         String::from_utf8_lossy(&check.stdout).contains("sql api: version 1"),
         "{}",
         String::from_utf8_lossy(&check.stdout)
+    );
+
+    // A daemon running as a role other than migrate's, without the grant: one line naming it,
+    // exit 64 (the operator's to fix); with the grant, it reads the version.
+    let role = format!("daemon_{}", db.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT pg_read_all_data, pg_write_all_data TO {role}"
+        ))
+        .await
+        .unwrap();
+    let mut as_role = server().clone();
+    as_role.user(&role);
+    let url = tombstoned_testkit::cluster::conninfo_for_database(&as_role, &db.name);
+    let status_as_role = || {
+        std::process::Command::new(binary())
+            .arg("status")
+            .env_clear()
+            .env("TOMBSTONED_DATABASE_URL", &url)
+            .output()
+            .unwrap()
+    };
+    let refused = status_as_role();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(64), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tombstoned"),
+        "{stderr}"
+    );
+    admin
+        .batch_execute(&format!(
+            "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tombstoned TO {role}"
+        ))
+        .await
+        .unwrap();
+    let granted = status_as_role();
+    assert_eq!(
+        granted.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&granted.stderr)
     );
 
     admin
