@@ -73,9 +73,10 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         if let Some(problem) = status.problem() {
             return Err(migrations::SchemaNotCurrent(problem).into());
         }
-        let api_version = sql_api::schema_version(&session.conn()).await?;
-        sql_api::require_known(api_version)
-            .map_err(|unknown| migrations::SchemaNotCurrent(unknown.to_string()))?;
+        if let Some(api_version) = sql_api::schema_version(&session.conn()).await? {
+            sql_api::require_known(api_version)
+                .map_err(|unknown| migrations::SchemaNotCurrent(unknown.to_string()))?;
+        }
     }
     // A throttle the role cannot observe is refused now, once (exit 64), not at every run.
     crate::cleanup::check_replica_lag_visible(&config.database, &config.cleanup)

@@ -28,42 +28,17 @@ pub struct UnknownApiVersion {
     pub found: i32,
 }
 
-/// Why the schema's version could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum VersionError {
-    /// 42501: the daemon's role is not the one that ran `migrate` and lacks the grant (the
-    /// functions are not executable by PUBLIC).
-    #[error(
-        "this role may not call {schema}.api_version(): the SQL API's functions are not \
-         executable by PUBLIC; GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO the daemon's \
-         role (or run it as the role that ran `tombstoned migrate`)"
-    )]
-    NotPermitted {
-        /// The configured schema.
-        schema: String,
-    },
-    /// Any other failure of the read.
-    #[error("cannot read the schema's SQL API version")]
-    Db(#[source] DbError),
-}
-
-/// What `api_version()` returns on `conn`'s schema (which must be migrated).
-pub async fn schema_version(conn: &Conn<'_>) -> Result<i32, VersionError> {
-    let denied = |e: tokio_postgres::Error| {
-        if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
-            VersionError::NotPermitted {
-                schema: conn.schema().to_owned(),
-            }
-        } else {
-            VersionError::Db(DbError::Query(e))
-        }
-    };
-    let row = conn
-        .query_one(sql::API_VERSION, &[])
-        .await
-        .map_err(denied)?;
-    row.try_get(0)
-        .map_err(|e| VersionError::Db(DbError::Query(e)))
+/// What `api_version()` returns on `conn`'s schema (which must be migrated); `None` when the
+/// role may not call it (42501: a daemon running as another role than `migrate`'s, without
+/// `GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA`). Such a daemon does not use the functions, and
+/// the version is then implied by the migration history, which the caller has already found to
+/// be exactly this binary's: no start-up is refused for the missing grant.
+pub async fn schema_version(conn: &Conn<'_>) -> Result<Option<i32>, DbError> {
+    match conn.query_one(sql::API_VERSION, &[]).await {
+        Ok(row) => row.try_get(0).map(Some).map_err(DbError::Query),
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => Ok(None),
+        Err(e) => Err(DbError::Query(e)),
+    }
 }
 
 /// `Ok(())` when this binary knows `version`.

@@ -25,9 +25,6 @@ pub enum StatusError {
     /// The schema is not at this binary's version (migrations pending or unknown).
     #[error("the schema is not current: {0}")]
     SchemaNotCurrent(String),
-    /// The schema's SQL API version could not be read.
-    #[error(transparent)]
-    ApiVersion(crate::sql_api::VersionError),
     /// A read failed.
     #[error("cannot read the status ({step})")]
     Read {
@@ -108,8 +105,9 @@ pub struct OutboxBacklog {
 pub struct StatusReport {
     /// The configured schema.
     pub schema: String,
-    /// Its SQL API version (`api_version()`, [`crate::sql_api`]).
-    pub api_version: i32,
+    /// Its SQL API version (`api_version()`, [`crate::sql_api`]); `None` when this role may not
+    /// call it.
+    pub api_version: Option<i32>,
     /// The database clock when the snapshot was taken; every age is relative to it.
     pub read_at: DateTime<Utc>,
     /// The cleanup lease (`None`: never taken).
@@ -316,7 +314,10 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
 
     let api_version = crate::sql_api::schema_version(client)
         .await
-        .map_err(StatusError::ApiVersion)?;
+        .map_err(|source| StatusError::Read {
+            step: "the SQL API version",
+            source,
+        })?;
 
     Ok(StatusReport {
         schema: schema.to_owned(),

@@ -396,7 +396,11 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
     })
 }
 
-fn pgbench_args(bench: &Bench, workload: Workload) -> (&'static str, Vec<(&'static str, String)>) {
+/// pgbench's script and constants for `workload` (scenario 8 reuses them for its SQL API twin).
+pub fn pgbench_args(
+    bench: &Bench,
+    workload: Workload,
+) -> (&'static str, Vec<(&'static str, String)>) {
     let mut d = vec![
         ("lock_timeout", LOCK_TIMEOUT.to_owned()),
         (

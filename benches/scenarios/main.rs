@@ -12,7 +12,9 @@
 //! 4. the API against pgbench running the same SQL transactions (`bench/pgbench/`),
 //! 5. storage per key and WAL per tombstoned row,
 //! 6. cleanup throughput on a second cluster with initdb's default settings (300,000 records),
-//! 7. parallel cleanup (`cleanup.workers = 2`) vs one and two single UPDATEs (`workers.rs`).
+//! 7. parallel cleanup (`cleanup.workers = 2`) vs one and two single UPDATEs (`workers.rs`),
+//! 8. the SQL API's claim and replay vs the endpoint's fused statement, raw through pgbench
+//!    (`sql_api.rs`).
 //!
 //! It uses the release-profile `tombstoned` binary cargo builds for it (`CARGO_BIN_EXE_…`), starts
 //! a throwaway PostgreSQL with the settings in [`server::SETTINGS`] (or uses `--database-url`),
@@ -28,6 +30,7 @@ mod replays;
 mod report;
 mod seed;
 mod server;
+mod sql_api;
 mod stats;
 mod storage;
 mod workers;
@@ -50,7 +53,7 @@ struct Args {
     /// Small scale, one repetition, targets reported but not gated (CI smoke test).
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (1-7), e.g. `--only 1` or `--only 1,3`.
+    /// Run only these scenarios (1-8), e.g. `--only 1` or `--only 1,3`.
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=7))]
     only: Vec<u8>,
     /// Repetitions per measurement (default 3, or 1 with --quick).
@@ -418,7 +421,7 @@ async fn run(args: Args) -> Result<()> {
     let load_start = loadavg();
     let scale = Scale::new(args.quick, args.reps);
     let only: Vec<u8> = if args.only.is_empty() {
-        vec![1, 2, 3, 4, 5, 6, 7]
+        vec![1, 2, 3, 4, 5, 6, 7, 8]
     } else {
         args.only.clone()
     };
@@ -482,6 +485,7 @@ async fn run(args: Args) -> Result<()> {
                 5 => storage::scenario5(&mut bench).await?,
                 6 => cleanup::scenario6(&mut bench).await?,
                 7 => workers::scenario7(&mut bench).await?,
+                8 => sql_api::scenario8(&mut bench).await?,
                 _ => bail!("no scenario {id}"),
             };
             result.seconds = t.elapsed().as_secs_f64();

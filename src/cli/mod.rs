@@ -255,16 +255,7 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if cause.is::<migrations::SchemaNotCurrent>() {
             return Exit::Unavailable;
         }
-        // The daemon's role lacks EXECUTE on the SQL API: a grant the operator adds.
-        if let Some(crate::sql_api::VersionError::NotPermitted { .. }) = cause.downcast_ref() {
-            return Exit::Usage;
-        }
-        if let Some(crate::status::StatusError::ApiVersion(
-            crate::sql_api::VersionError::NotPermitted { .. },
-        )) = cause.downcast_ref()
-        {
-            return Exit::Usage;
-        }
+
         // The configuration points migrate at a transaction pooler: the operator's to fix.
         if let Some(migrations::MigrationError::TransactionPooler) = cause.downcast_ref() {
             return Exit::Usage;

@@ -84,9 +84,12 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
     let age = |t: DateTime<Utc>| ago((now - t).num_milliseconds() as f64 / 1000.0);
     let _ = writeln!(
         out,
-        "schema {} (SQL API version {}), database clock {}",
+        "schema {} ({}), database clock {}",
         r.schema,
-        r.api_version,
+        r.api_version.map_or_else(
+            || "SQL API version: this role may not call api_version()".to_owned(),
+            |v| format!("SQL API version {v}")
+        ),
         timestamp(now)
     );
 
