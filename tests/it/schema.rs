@@ -40,12 +40,44 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
 async fn concurrent_migrate_runs_are_serialised() {
     let db = TestDb::empty().await;
     let config = db.config();
+    // The test holds migrate's advisory lock until all four runs wait for it, so they really
+    // run at once when it lets go.
+    let holder = db.client().await;
+    holder
+        .execute(
+            tombstoned::db::sql::ADVISORY_LOCK,
+            &[&format!("tombstoned:migrate:{}", config.database.schema)],
+        )
+        .await
+        .unwrap();
     let runs: Vec<_> = (0..4)
         .map(|_| {
             let database = config.database.clone();
             tokio::spawn(async move { migrations::migrate(&database).await })
         })
         .collect();
+    let observer = db.client().await;
+    let started = std::time::Instant::now();
+    loop {
+        let waiting: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event = 'advisory'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting >= 4 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{waiting} of 4 migrate runs waited for the advisory lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(holder);
     let mut applied = 0;
     for run in runs {
         applied += run
