@@ -163,7 +163,9 @@ fn write_data_file(
             .write_all(text.as_bytes())
             .map_err(|e| failed(e.to_string()))?;
     }
-    let output = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+    let output = child
+        .wait_with_output()
+        .map_err(|e| failed(e.to_string()))?;
     if output.status.success() {
         Ok(())
     } else {

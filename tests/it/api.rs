@@ -612,7 +612,11 @@ async fn the_rate_limit_is_per_principal() {
     let mut created = 0;
     let limited = loop {
         let r = api
-            .post(ALICE, &format!("key-{created}"), &order(&format!("req-{created}")))
+            .post(
+                ALICE,
+                &format!("key-{created}"),
+                &order(&format!("req-{created}")),
+            )
             .await;
         if r.status == 429 {
             break r;

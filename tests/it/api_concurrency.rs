@@ -62,8 +62,11 @@ async fn thirty_two_concurrent_identical_requests_create_exactly_one_order() {
     let barrier = Arc::new(tokio::sync::Barrier::new(32));
     let requests: Vec<_> = (0..32)
         .map(|_| {
-            let (api, barrier, answered) =
-                (Arc::clone(&api), Arc::clone(&barrier), Arc::clone(&answered));
+            let (api, barrier, answered) = (
+                Arc::clone(&api),
+                Arc::clone(&barrier),
+                Arc::clone(&answered),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
                 let reply = api.post(ALICE, "key-race", &order("req-race")).await;

@@ -16,8 +16,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags};
 use nix::sys::time::TimeVal;
 use nix::unistd::Pid;
-use tokio::io::Interest;
 use serde_json::Value;
+use tokio::io::Interest;
 
 use crate::api_support::{Reply, TestApi};
 use crate::harness::binary;
@@ -386,10 +386,9 @@ impl NotifySocket {
                 MsgFlags::MSG_DONTWAIT,
             )?;
             let stamp = msg.cmsgs()?.find_map(|c| match c {
-                ControlMessageOwned::ScmTimestamp(t) => Some(
-                    UNIX_EPOCH
-                        + Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000),
-                ),
+                ControlMessageOwned::ScmTimestamp(t) => {
+                    Some(UNIX_EPOCH + Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000))
+                }
                 _ => None,
             });
             Ok((msg.bytes, stamp))

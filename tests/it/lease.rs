@@ -323,7 +323,10 @@ async fn two_cleanup_processes_take_turns_and_the_history_stays_bounded() {
     );
     let ran = codes.iter().filter(|c| **c == Some(0)).count();
     // They really overlapped: some run found the other's lease and was turned away.
-    assert!(codes.contains(&Some(75)), "no run was turned away: {codes:?}");
+    assert!(
+        codes.contains(&Some(75)),
+        "no run was turned away: {codes:?}"
+    );
 
     let runs = history(&observer).await;
     assert_eq!(runs.len(), ran, "every run that got the lease is recorded");

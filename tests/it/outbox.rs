@@ -637,7 +637,10 @@ async fn sigterm_abandons_a_delivery_after_the_grace_and_it_is_redelivered_after
         grace >= Duration::from_secs(1) && grace < Duration::from_millis(1900),
         "abandoned {grace:?} after SIGTERM, grace 1 s:\n{log}"
     );
-    assert!(took < Duration::from_secs(10), "exit {took:?} after SIGTERM");
+    assert!(
+        took < Duration::from_secs(10),
+        "exit {took:?} after SIGTERM"
+    );
     let abandoned = record(&client, event).await;
     assert!(
         abandoned.locked_by.is_some() && !abandoned.delivered,

@@ -65,7 +65,10 @@ async fn a_synchronous_standby_replays_pauses_and_is_promoted() {
         .wait_for_receipt(&lsn, Duration::from_secs(30))
         .await
         .unwrap();
-    assert!(!standby.has_replayed(&lsn).await.unwrap(), "replay is paused");
+    assert!(
+        !standby.has_replayed(&lsn).await.unwrap(),
+        "replay is paused"
+    );
     assert_eq!(count(&s).await, 1, "replay is paused");
     standby.resume_replay().await.unwrap();
     standby.catch_up(&p, Duration::from_secs(30)).await.unwrap();

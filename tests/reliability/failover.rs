@@ -648,7 +648,9 @@ async fn time_to_first_order(db: &TestDb, url: &str) -> (Duration, Duration) {
     let series = |suffix: &str, le: &str| {
         sample(
             &metrics,
-            &format!("tombstoned_http_request_duration_seconds_{suffix}{{route=\"/v1/orders\"{le}}}"),
+            &format!(
+                "tombstoned_http_request_duration_seconds_{suffix}{{route=\"/v1/orders\"{le}}}"
+            ),
         )
     };
     assert_eq!(

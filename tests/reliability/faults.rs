@@ -496,7 +496,12 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
         let metrics = daemon.metrics().await;
         ["success", "partial", "failed"]
             .iter()
-            .map(|o| sample(&metrics, &format!("tombstoned_cleanup_runs_total{{outcome=\"{o}\"}}")))
+            .map(|o| {
+                sample(
+                    &metrics,
+                    &format!("tombstoned_cleanup_runs_total{{outcome=\"{o}\"}}"),
+                )
+            })
             .sum::<f64>()
     };
     let runs_before = runs().await;

@@ -548,12 +548,20 @@ async fn sixty_four_clients_on_four_locked_keys_leave_the_pool_to_everyone_else(
         let series = |suffix: &str, le: &str| {
             sample(
                 &metrics,
-                &format!("tombstoned_http_request_duration_seconds_{suffix}{{route=\"{route}\"{le}}}"),
+                &format!(
+                    "tombstoned_http_request_duration_seconds_{suffix}{{route=\"{route}\"{le}}}"
+                ),
             )
         };
         let (served, within) = (series("count", ""), series("bucket", ",le=\"1\""));
-        assert!(served >= (get_times.len() / 2) as f64, "{route}: {served} served");
-        assert_eq!(within, served, "{route}: a read took over 1 s in the daemon");
+        assert!(
+            served >= (get_times.len() / 2) as f64,
+            "{route}: {served} served"
+        );
+        assert_eq!(
+            within, served,
+            "{route}: a read took over 1 s in the daemon"
+        );
     }
     crate::publish_figures(
         "hostile_hot_keys",
