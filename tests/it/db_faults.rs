@@ -216,14 +216,9 @@ async fn one_shot_cleanup_on_a_silent_database_ends_within_its_bounds() {
     // accepted the command's connection, i.e. while it waits for the silent handshake.
     let accepted = proxy.accepted();
     let mut child = cleanup_command(&url, &stderr).spawn().unwrap();
-    let spawned = Instant::now();
-    while proxy.accepted() == accepted {
-        assert!(
-            spawned.elapsed() < Duration::from_secs(10),
-            "cleanup never connected"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    proxy
+        .wait_past(SilentProxy::accepted, accepted, "cleanup never connected")
+        .await;
     let signalled = Instant::now();
     kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
@@ -424,14 +419,13 @@ async fn serve_with_a_cleaner_stuck_on_a_silent_database_stops_within_its_bound(
     let stalled = proxy.stalled();
     proxy.silence_all();
     // The run's next batch (at most pause_between_batches away) is now held by the proxy.
-    let silenced = Instant::now();
-    while proxy.stalled() == stalled {
-        assert!(
-            silenced.elapsed() < Duration::from_secs(10),
-            "nothing was sent to the silent database"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    proxy
+        .wait_past(
+            SilentProxy::stalled,
+            stalled,
+            "nothing was sent to the silent database",
+        )
+        .await;
     let signalled = Instant::now();
     daemon.signal(Signal::SIGTERM);
     let status = daemon.wait_exit(Duration::from_secs(40)).await;

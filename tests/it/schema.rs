@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tombstoned::db::{migrations, Conn, Pooler};
 
+use crate::cleanup_support::wait_until_sessions_wait;
 use crate::harness::{binary, TestDb};
 
 #[tokio::test]
@@ -56,27 +57,7 @@ async fn concurrent_migrate_runs_are_serialised() {
             tokio::spawn(async move { migrations::migrate(&database).await })
         })
         .collect();
-    let observer = db.client().await;
-    let started = std::time::Instant::now();
-    loop {
-        let waiting: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event = 'advisory'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting >= 4 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{waiting} of 4 migrate runs waited for the advisory lock"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until_sessions_wait(&db.client().await, "tombstoned/migrate", 4).await;
     drop(holder);
     let mut applied = 0;
     for run in runs {

@@ -132,6 +132,16 @@ impl SilentProxy {
         self.stalled.load(Ordering::SeqCst)
     }
 
+    /// Waits until `counter` (e.g. [`Self::accepted`], [`Self::stalled`]) has passed `seen`;
+    /// fails with `what` after 10 s.
+    pub async fn wait_past(&self, counter: fn(&Self) -> u64, seen: u64, what: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while counter(self) <= seen {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// `url` (a key=value connection string naming `port=<upstream>`) rewritten to go through
     /// the proxy, in plaintext: the proxy forwards bytes, so TLS would work too, but tests
     /// read clearer without the SSLRequest round trip.
