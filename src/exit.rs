@@ -11,7 +11,7 @@
 //! | 69 | database unavailable, or its schema not current (EX_UNAVAILABLE) |
 //! | 70 | internal error (EX_SOFTWARE) |
 //! | 75 | temporary refusal: `cleanup` found another instance holding the cleanup lease; `outbox deliver` left an attempted event undelivered (EX_TEMPFAIL) |
-//! | 130 | a second SIGINT/SIGTERM during a graceful stop: exit at once, open transactions roll back |
+//! | 130 | a second SIGINT/SIGTERM during a graceful stop (cleanup: any signal before the run took its lease): exit at once, open transactions roll back |
 
 use std::process::ExitCode;
 
@@ -31,7 +31,8 @@ pub enum Exit {
     /// 75: try again later (`cleanup` while another instance holds the cleanup lease; `outbox
     /// deliver` with an event it attempted left undelivered).
     TempFail = 75,
-    /// 130: a second signal ended a graceful stop at once.
+    /// 130: a second signal ended a graceful stop at once (or a signal a cleanup run that had
+    /// not begun).
     Interrupted = 130,
 }
 
@@ -73,8 +74,9 @@ impl Exit {
                  cut off by a signal)."
             }
             Exit::Interrupted => {
-                "A second SIGINT or SIGTERM arrived during a graceful stop: exit at once, open \
-                 transactions roll back."
+                "A second SIGINT or SIGTERM arrived during a graceful stop, or (cleanup) one \
+                 arrived before the run took its lease: exit at once, open transactions roll \
+                 back."
             }
         }
     }

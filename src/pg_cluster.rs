@@ -1,8 +1,8 @@
 //! Throwaway local PostgreSQL clusters: what `tombstoned demo` runs its database on (feature
 //! `demo`). The tests and the benchmark start theirs here too; what only they need on top
-//! (durability-off options, TLS/pg_hba/password builders, stopping and restarting the server,
-//! running tools as the cluster's owner) is in the `tombstoned-testkit` crate
-//! (`testkit/src/cluster.rs`), built on the accessors below.
+//! (durability-off options, TLS, `pg_hba.conf` and a superuser password written into the data
+//! directory, stopping and restarting the server, running tools as the cluster's owner) is in
+//! the `tombstoned-testkit` crate (`testkit/src/cluster.rs`), built on the accessors below.
 //!
 //! A cluster lives in a fresh temporary directory, listens on loopback only, trusts local
 //! connections, and is removed when its [`ThrowawayCluster`] is dropped — or when this process
@@ -54,26 +54,6 @@ pub enum ClusterError {
 pub struct ClusterOptions {
     /// `-c name=value` settings passed to the server.
     pub settings: Vec<(String, String)>,
-    /// `pg_hba.conf` lines replacing initdb's (which trust every local connection); empty
-    /// keeps initdb's.
-    pub hba: Vec<String>,
-    /// TLS: the server certificate, key and (for client certificates) CA, turned on with
-    /// `ssl = on`.
-    pub ssl: Option<ServerTls>,
-    /// A password for the superuser `postgres` (stored with `password_encryption`).
-    pub superuser_password: Option<String>,
-}
-
-/// The PEM texts a TLS-enabled cluster serves with; written into its data directory, owned by
-/// the server's user with mode 0600 as PostgreSQL requires of the key.
-#[derive(Debug, Clone)]
-pub struct ServerTls {
-    /// The server certificate (chain).
-    pub cert_pem: String,
-    /// Its private key.
-    pub key_pem: String,
-    /// CA certificates client certificates are checked against (`ssl_ca_file`), if any.
-    pub client_ca_pem: Option<String>,
 }
 
 /// Finds the PostgreSQL server binaries: `$TOMBSTONED_PG_BIN`, then `$PATH`, then the newest
@@ -141,21 +121,10 @@ cleanup() {
     rm -rf "$dir"
 }
 trap 'cleanup; exit 1' INT TERM HUP
-pwfile=
-if [ -n "${PGSUPERPASS:-}" ]; then
-    (umask 077; printf '%s\n' "$PGSUPERPASS" >"$dir/pw"); pwfile="--pwfile=$dir/pw"
-fi
-if ! "$PGBIN/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C --no-sync $pwfile \
+if ! "$PGBIN/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C --no-sync \
         >"$dir/initdb.log" 2>&1; then
     cat "$dir/initdb.log" >&2; rm -rf "$dir"; exit 1
 fi
-rm -f "$dir/pw"
-if [ -n "${PGHBA:-}" ]; then printf '%s\n' "$PGHBA" >"$dir/data/pg_hba.conf"; fi
-umask 077
-if [ -n "${PGSSLCERT:-}" ]; then printf '%s\n' "$PGSSLCERT" >"$dir/data/server.crt"; fi
-if [ -n "${PGSSLKEY:-}" ]; then printf '%s\n' "$PGSSLKEY" >"$dir/data/server.key"; fi
-if [ -n "${PGSSLCA:-}" ]; then printf '%s\n' "$PGSSLCA" >"$dir/data/client_ca.crt"; fi
-umask 022
 if ! "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
         -o "-p $PGPORT -c listen_addresses=127.0.0.1 -k $dir $PGSETTINGS" start >/dev/null 2>&1; then
     cat "$dir/server.log" >&2; cleanup; exit 1
@@ -205,19 +174,6 @@ impl ThrowawayCluster {
         ];
         if let Some(lib) = &library_path {
             env.push(("LD_LIBRARY_PATH".to_owned(), lib.display().to_string()));
-        }
-        if !options.hba.is_empty() {
-            env.push(("PGHBA".to_owned(), options.hba.join("\n")));
-        }
-        if let Some(tls) = &options.ssl {
-            env.push(("PGSSLCERT".to_owned(), tls.cert_pem.clone()));
-            env.push(("PGSSLKEY".to_owned(), tls.key_pem.clone()));
-            if let Some(ca) = &tls.client_ca_pem {
-                env.push(("PGSSLCA".to_owned(), ca.clone()));
-            }
-        }
-        if let Some(pw) = &options.superuser_password {
-            env.push(("PGSUPERPASS".to_owned(), pw.clone()));
         }
         let mut command = as_user(owner.as_deref(), "sh", &env);
         command

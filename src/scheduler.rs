@@ -409,6 +409,12 @@ async fn fire(
     match result {
         Ok(LeasedRun::Skipped(_)) => done(RunOutcome::SkippedLease, None, None, true),
         Ok(LeasedRun::Ran(report)) => done(report.outcome, Some(report), None, true),
+        Ok(LeasedRun::Stopped) => done(
+            RunOutcome::Partial,
+            None,
+            Some("stopped before the run took the lease".to_owned()),
+            true,
+        ),
         Err(e) => {
             // run_once counted it; reporting it is ours.
             let error = e.summary();

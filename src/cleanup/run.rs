@@ -148,6 +148,9 @@ pub enum LeasedRun {
     Skipped(Option<LeaseState>),
     /// The run, holding the lease. It is recorded in the history and the lease released.
     Ran(RunReport),
+    /// A stop was requested before the run held the lease (while it connected or took it, e.g.
+    /// on a database that does not answer): nothing was done, nothing recorded.
+    Stopped,
 }
 
 /// [`run_once`] under the single-runner lease: takes the lease on the run's session (or
@@ -169,17 +172,25 @@ pub async fn run_leased(
 ) -> Result<LeasedRun, CleanupError> {
     let meter = Meter(metrics);
     let started = Instant::now();
-    let session = match db::connect(db, "cleanup").await {
-        Ok(session) => session,
-        Err(e) => {
-            let e = CleanupError::Connect(e);
-            meter.run_failed(&e, started.elapsed());
-            return Err(e);
-        }
+    // Until the lease is held there is no batch to let finish: a stop ends the wait at once.
+    let session = tokio::select! {
+        connected = db::connect(db, "cleanup") => match connected {
+            Ok(session) => session,
+            Err(e) => {
+                let e = CleanupError::Connect(e);
+                meter.run_failed(&e, started.elapsed());
+                return Err(e);
+            }
+        },
+        () = shutdown.cancelled() => return Ok(LeasedRun::Stopped),
     };
     let holder = crate::instance::instance_id();
     let conn = session.conn();
-    let lease = match Lease::try_acquire(&conn, cleanup, &holder).await {
+    let taken = tokio::select! {
+        taken = Lease::try_acquire(&conn, cleanup, &holder) => taken,
+        () = shutdown.cancelled() => return Ok(LeasedRun::Stopped),
+    };
+    let lease = match taken {
         Ok(Some(lease)) => lease,
         Ok(None) => {
             meter.skipped_for_lease();

@@ -24,7 +24,9 @@ use crate::stdout;
 /// or another `cleanup`) holds it, nothing is done and the exit status is 75 (EX_TEMPFAIL, "try
 /// again later"), so a timer-driven one-shot on an HA pair does not clean twice. SIGINT/SIGTERM
 /// let the current batch commit or roll back and end the run early (reported, exit 0); a second
-/// signal exits at once (130) — the open batch, if any, rolls back with the connection.
+/// signal exits at once (130) — the open batch, if any, rolls back with the connection. A signal
+/// before the run holds the lease (still connecting, say to a database that does not answer)
+/// ends it at once, nothing done (130).
 pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit> {
     if args.explain && !args.dry_run {
         super::say("--explain needs --dry-run");
@@ -101,6 +103,10 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
                 config.database.schema
             ));
             return Ok(Exit::TempFail);
+        }
+        LeasedRun::Stopped => {
+            super::say("stopped by a signal before the run began; nothing was done");
+            return Ok(Exit::Interrupted);
         }
     };
     if args.json {

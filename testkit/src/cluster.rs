@@ -1,24 +1,20 @@
 //! What the tests and the benchmark need on top of `tombstoned::pg_cluster` (the demo's
-//! throwaway clusters): options for clusters whose data nobody needs after a crash, with TLS,
-//! `pg_hba.conf` lines and a superuser password ([`ClusterOptionsTestExt`]); stopping,
-//! restarting and starting the server under a running test and running tools as the cluster's
-//! owner ([`ClusterTestExt`]); connection strings for the databases they create on a server.
+//! throwaway clusters): options for clusters whose data nobody needs after a crash
+//! ([`ClusterOptionsTestExt`]); TLS, `pg_hba.conf` lines and a superuser password, written into
+//! a started cluster's data directory ([`ClusterAccess`]); stopping, restarting and starting the
+//! server under a running test and running tools as the cluster's owner ([`ClusterTestExt`]);
+//! connection strings for the databases they create on a server.
 
+use std::io::Write as _;
 use std::process::{Command, Stdio};
 
-use tombstoned::pg_cluster::{ClusterOptions, ServerTls, ThrowawayCluster};
+use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
 
 /// Builders for [`ClusterOptions`] that only tests and the benchmark want.
 pub trait ClusterOptionsTestExt: Sized {
     /// Durability off (`fsync`, `synchronous_commit`, `full_page_writes`) and room for many
     /// parallel test sessions. Only for data nobody needs after a crash.
     fn for_tests() -> Self;
-    /// Replaces `pg_hba.conf` with `lines`.
-    fn hba(self, lines: &[&str]) -> Self;
-    /// Serves TLS with `tls` (`ssl = on`).
-    fn tls(self, tls: ServerTls) -> Self;
-    /// Gives the superuser `postgres` a password.
-    fn superuser_password(self, password: &str) -> Self;
     /// Adds or replaces one setting.
     fn set(self, name: &str, value: &str) -> Self;
 }
@@ -36,31 +32,144 @@ impl ClusterOptionsTestExt for ClusterOptions {
         .fold(Self::default(), |options, (k, v)| options.set(k, v))
     }
 
-    fn hba(mut self, lines: &[&str]) -> Self {
-        self.hba = lines.iter().map(|l| (*l).to_owned()).collect();
-        self
-    }
-
-    fn tls(mut self, tls: ServerTls) -> Self {
-        let with_ca = tls.client_ca_pem.is_some();
-        self.ssl = Some(tls);
-        self = self.set("ssl", "on");
-        if with_ca {
-            // The supervisor writes the CA into the data directory under this name.
-            self = self.set("ssl_ca_file", "client_ca.crt");
-        }
-        self
-    }
-
-    fn superuser_password(mut self, password: &str) -> Self {
-        self.superuser_password = Some(password.to_owned());
-        self
-    }
-
     fn set(mut self, name: &str, value: &str) -> Self {
         self.settings.retain(|(k, _)| k != name);
         self.settings.push((name.to_owned(), value.to_owned()));
         self
+    }
+}
+
+/// The PEM texts a TLS-enabled cluster serves with; written into its data directory, owned by
+/// the server's user with mode 0600 as PostgreSQL requires of the key.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server certificate (chain).
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
+    /// CA certificates client certificates are checked against (`ssl_ca_file`), if any.
+    pub client_ca_pem: Option<String>,
+}
+
+/// Who may connect to a test cluster and how, beyond the demo's (initdb's `trust` for every
+/// local connection): `pg_hba.conf` lines, TLS, a superuser password. [`Self::apply`] writes them
+/// into a started cluster (through its data directory and owner) and restarts its server.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterAccess {
+    hba: Vec<String>,
+    tls: Option<ServerTls>,
+    superuser_password: Option<String>,
+}
+
+/// Why [`ClusterAccess::apply`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterAccessError {
+    /// The session that sets the password and the TLS settings failed.
+    #[error("cluster access set-up: {0}")]
+    Sql(#[from] tokio_postgres::Error),
+    /// A file could not be written into the data directory.
+    #[error("cannot write {file} into the data directory: {detail}")]
+    Write {
+        /// The file name.
+        file: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The restart that applies everything failed.
+    #[error(transparent)]
+    Control(#[from] ClusterControlError),
+}
+
+impl ClusterAccess {
+    /// Replaces `pg_hba.conf` with `lines`.
+    pub fn hba(mut self, lines: &[&str]) -> Self {
+        self.hba = lines.iter().map(|l| (*l).to_owned()).collect();
+        self
+    }
+
+    /// Serves TLS with `tls` (`ssl = on`; `ssl_ca_file` when it carries a client CA).
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Gives the superuser `postgres` a password (stored with the server's
+    /// `password_encryption`).
+    pub fn superuser_password(mut self, password: &str) -> Self {
+        self.superuser_password = Some(password.to_owned());
+        self
+    }
+
+    /// Applies the access to `cluster`, started with initdb's `trust`: sets the password and the
+    /// TLS settings (`ALTER SYSTEM`) on a session of its own, writes the certificate files and
+    /// `pg_hba.conf` as the server's user (mode 0600), then restarts the server, which refuses to
+    /// start when any of it is wrong. Nothing to apply: nothing happens.
+    pub async fn apply(&self, cluster: &ThrowawayCluster) -> Result<(), ClusterAccessError> {
+        if self.hba.is_empty() && self.tls.is_none() && self.superuser_password.is_none() {
+            return Ok(());
+        }
+        let (client, connection) =
+            tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls).await?;
+        let connection = tokio::spawn(connection);
+        if let Some(password) = &self.superuser_password {
+            client
+                .batch_execute(&format!(
+                    "ALTER ROLE postgres PASSWORD '{}'",
+                    password.replace('\'', "''")
+                ))
+                .await?;
+        }
+        if let Some(tls) = &self.tls {
+            write_data_file(cluster, "server.crt", &tls.cert_pem)?;
+            write_data_file(cluster, "server.key", &tls.key_pem)?;
+            client.batch_execute("ALTER SYSTEM SET ssl = on").await?;
+            if let Some(ca) = &tls.client_ca_pem {
+                write_data_file(cluster, "client_ca.crt", ca)?;
+                client
+                    .batch_execute("ALTER SYSTEM SET ssl_ca_file = 'client_ca.crt'")
+                    .await?;
+            }
+        }
+        drop(client);
+        let _ = connection.await;
+        if !self.hba.is_empty() {
+            write_data_file(cluster, "pg_hba.conf", &(self.hba.join("\n") + "\n"))?;
+        }
+        // Blocks this thread while the server restarts (a second or so, once per cluster).
+        cluster.restart()?;
+        Ok(())
+    }
+}
+
+/// Writes `text` to `name` in the data directory as the server's user, mode 0600.
+fn write_data_file(
+    cluster: &ThrowawayCluster,
+    name: &'static str,
+    text: &str,
+) -> Result<(), ClusterAccessError> {
+    let failed = |detail: String| ClusterAccessError::Write { file: name, detail };
+    let path = cluster.data_dir().join(name);
+    let mut child = cluster
+        .owner_command("sh")
+        .args(["-c", "umask 077 && cat >\"$1\"", "sh"])
+        .arg(&path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(e.to_string()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(|e| failed(e.to_string()))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(failed(String::from_utf8_lossy(&output.stderr).into_owned()))
     }
 }
 

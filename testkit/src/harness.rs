@@ -234,3 +234,15 @@ pub async fn silent_listener() -> (u16, tokio::task::JoinHandle<()>) {
     });
     (port, task)
 }
+
+/// When the daemon logged the first line of `log` (its stderr, text format: each line starts with
+/// an RFC 3339 timestamp) that contains `needle`, by the daemon's clock; `None` while there is
+/// none. Durations between two such lines are the daemon's own: a stall of the test process that
+/// reads them later does not stretch them.
+pub fn logged_at(log: &str, needle: &str) -> Option<std::time::SystemTime> {
+    let line = log.lines().find(|l| l.contains(needle))?;
+    let stamp = line.split_whitespace().next()?;
+    let at = chrono::DateTime::parse_from_rfc3339(stamp)
+        .unwrap_or_else(|e| panic!("{e}: the timestamp of {line:?}"));
+    Some(at.into())
+}

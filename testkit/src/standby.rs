@@ -369,16 +369,32 @@ impl Standby {
     /// Waits until the standby has replayed the WAL up to `lsn` (text form, e.g. from
     /// [`current_wal_lsn`]).
     pub async fn wait_for_replay(&self, lsn: &str, timeout: Duration) -> Result<(), StandbyError> {
+        self.wait_for_lsn("pg_last_wal_replay_lsn", "replay", lsn, timeout)
+            .await
+    }
+
+    /// Waits until the standby has received (and flushed) the WAL up to `lsn`, replayed or not
+    /// (`pg_last_wal_receive_lsn()`).
+    pub async fn wait_for_receipt(&self, lsn: &str, timeout: Duration) -> Result<(), StandbyError> {
+        self.wait_for_lsn("pg_last_wal_receive_lsn", "receipt", lsn, timeout)
+            .await
+    }
+
+    /// Whether the standby has replayed the WAL up to `lsn`, now.
+    pub async fn has_replayed(&self, lsn: &str) -> Result<bool, StandbyError> {
+        reached(&self.client().await?, "pg_last_wal_replay_lsn", lsn).await
+    }
+
+    async fn wait_for_lsn(
+        &self,
+        position: &'static str,
+        what: &str,
+        lsn: &str,
+        timeout: Duration,
+    ) -> Result<(), StandbyError> {
         let client = self.client().await?;
-        poll(timeout, &format!("replay up to {lsn}"), || async {
-            let row = client
-                .query_one(
-                    "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
-                    &[&lsn],
-                )
-                .await
-                .map_err(sql("standby"))?;
-            Ok(row.get::<_, bool>(0))
+        poll(timeout, &format!("{what} up to {lsn}"), || {
+            reached(&client, position, lsn)
         })
         .await
     }
@@ -509,6 +525,19 @@ impl Drop for Standby {
         drop(self.keepalive.take()); // end-of-file: the supervisor stops and deletes
         let _ = self.supervisor.wait();
     }
+}
+
+/// Whether the standby's `position()` (`pg_last_wal_replay_lsn` or `pg_last_wal_receive_lsn`)
+/// is at `lsn` or past it.
+async fn reached(client: &Client, position: &'static str, lsn: &str) -> Result<bool, StandbyError> {
+    let row = client
+        .query_one(
+            &format!("SELECT coalesce({position}() >= $1::text::pg_lsn, false)"),
+            &[&lsn],
+        )
+        .await
+        .map_err(sql("standby"))?;
+    Ok(row.get::<_, bool>(0))
 }
 
 /// The primary's current WAL insert position, text form (`pg_current_wal_insert_lsn()`: with

@@ -166,18 +166,18 @@ pub(crate) async fn scenario_key_reused(api: &TestApi) {
     assert_eq!(api.counts().await, (1, 1, 1));
 }
 
-/// The cleaner's tombstoning UPDATE, as the cleanup issue specifies it.
+/// Every record's replay window closed, then tombstoned by the real cleaner (one run).
 async fn tombstone_all(api: &TestApi) {
     let client = api.db.client().await;
-    client
+    let records = client
         .execute(
-            "UPDATE idempotency_records
-             SET response_body = NULL, expired = true, expired_at = now()
-             WHERE NOT expired",
+            "UPDATE idempotency_records SET replay_deadline = now() - interval '1 second'",
             &[],
         )
         .await
         .unwrap();
+    let report = crate::cleanup_support::run(&api.db.config()).await;
+    assert_eq!(report.rows_tombstoned, records, "{report:?}");
 }
 
 #[tokio::test]
@@ -600,25 +600,52 @@ async fn the_rate_limit_is_per_principal() {
         ("TOMBSTONED_API__RATE_LIMIT_BURST", "3"),
     ])
     .await;
+    // The burst is spent by reads; then POSTs until one is limited. However slowly this test
+    // runs, no more may pass than the burst plus what the rate refilled since the first request
+    // (so a slow run admits a POST or two, and a limit that does not limit fails).
+    let started = std::time::Instant::now();
     for i in 0..3 {
         api.get(Some(ALICE), &format!("/v1/idempotency-keys/k{i}"))
             .await
             .expect(404);
     }
-    let limited = api.post(ALICE, "key-1", &order("req-1")).await;
-    limited.expect(429);
+    let mut created = 0;
+    let limited = loop {
+        let r = api
+            .post(
+                ALICE,
+                &format!("key-{created}"),
+                &order(&format!("req-{created}")),
+            )
+            .await;
+        if r.status == 429 {
+            break r;
+        }
+        r.expect(201);
+        created += 1;
+        let refilled = started.elapsed().as_secs();
+        assert!(
+            created <= refilled,
+            "{} requests passed in {:?} at 1/s with a burst of 3",
+            3 + created,
+            started.elapsed()
+        );
+    };
     assert_eq!(limited.problem(), "rate-limited");
     let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=2).contains(&retry), "{retry}");
     assert_eq!(
         api.counts().await,
-        (0, 0, 0),
+        (created as i64, created as i64, created as i64),
         "a limited request touches nothing"
     );
     // Other principals have budgets of their own.
     api.post(BOB, "key-1", &order("req-1")).await.expect(201);
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    api.post(ALICE, "key-1", &order("req-2")).await.expect(201);
+    // After the Retry-After it gave, alice has a token again.
+    tokio::time::sleep(std::time::Duration::from_secs(retry)).await;
+    api.post(ALICE, "key-limited", &order("req-limited"))
+        .await
+        .expect(201);
 }
 
 #[tokio::test]

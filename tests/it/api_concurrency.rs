@@ -51,17 +51,54 @@ async fn in_flight_owner(
 
 #[tokio::test]
 async fn thirty_two_concurrent_identical_requests_create_exactly_one_order() {
-    let api = Arc::new(TestApi::start().await);
+    let api = Arc::new(TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "30s")]).await);
+    // The first claims are held at the orders table (the test's SHARE lock) until every request
+    // is either waiting in the database or answered, so they all overlap; then all go at once.
+    let gate = api.db.client().await;
+    gate.batch_execute("BEGIN; LOCK TABLE orders IN SHARE MODE")
+        .await
+        .unwrap();
+    let answered = Arc::new(std::sync::atomic::AtomicI64::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(32));
     let requests: Vec<_> = (0..32)
         .map(|_| {
-            let (api, barrier) = (Arc::clone(&api), Arc::clone(&barrier));
+            let (api, barrier, answered) = (
+                Arc::clone(&api),
+                Arc::clone(&barrier),
+                Arc::clone(&answered),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
-                api.post(ALICE, "key-race", &order("req-race")).await
+                let reply = api.post(ALICE, "key-race", &order("req-race")).await;
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                reply
             })
         })
         .collect();
+    let observer = api.db.client().await;
+    let started = std::time::Instant::now();
+    loop {
+        let waiting: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = 'tombstoned/api' AND datname = current_database()
+                   AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let answered = answered.load(std::sync::atomic::Ordering::SeqCst);
+        if waiting >= 1 && waiting + answered == 32 {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "{waiting} claims waiting, {answered} answered"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gate.batch_execute("COMMIT").await.unwrap();
     let mut replies = Vec::new();
     for r in requests {
         replies.push(r.await.unwrap());
@@ -71,6 +108,10 @@ async fn thirty_two_concurrent_identical_requests_create_exactly_one_order() {
         .filter(|r| r.status == 201 && !r.replayed())
         .collect();
     assert_eq!(created.len(), 1, "exactly one owner: {replies:#?}");
+    assert!(
+        replies.iter().any(|r| r.status == 409),
+        "the requests overlapped, so some were turned away: {replies:#?}"
+    );
     let original = &created[0].text;
     for r in &replies {
         match r.status {

@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use tombstoned::config::Config;
-use tombstoned::pg_cluster::{ClusterOptions, ServerTls, ThrowawayCluster};
+use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use tombstoned_testkit::cluster::{ClusterAccess, ServerTls};
 
 use crate::harness::binary;
 
@@ -142,13 +143,18 @@ impl Pki {
     }
 }
 
-/// Starts a cluster off the async runtime (start-up blocks).
-pub async fn start_cluster(options: ClusterOptions) -> ThrowawayCluster {
-    tokio::task::spawn_blocking(move || {
+/// Starts a cluster off the async runtime (start-up blocks), then applies `access` to it.
+pub async fn start_cluster(options: ClusterOptions, access: ClusterAccess) -> ThrowawayCluster {
+    let cluster = tokio::task::spawn_blocking(move || {
         ThrowawayCluster::start(&options).unwrap_or_else(|e| panic!("cluster: {e}"))
     })
     .await
-    .unwrap()
+    .unwrap();
+    access
+        .apply(&cluster)
+        .await
+        .unwrap_or_else(|e| panic!("cluster access: {e}"));
+    cluster
 }
 
 /// A configuration for `url`, with extra `TOMBSTONED_*` variables.

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
-use tombstoned_testkit::cluster::{ClusterOptionsTestExt as _, ClusterTestExt as _};
+use tombstoned_testkit::cluster::{ClusterAccess, ClusterOptionsTestExt as _, ClusterTestExt as _};
 
 use crate::conn_support::{run_binary, start_cluster, Run};
 use crate::daemon_support::{Daemon, Spec};
@@ -16,11 +16,14 @@ use crate::daemon_support::{Daemon, Spec};
 /// Distinctive, so a scan for it cannot match anything else.
 const PASSWORD: &str = "Pw-7f3e9a1c-scram";
 
-fn scram_cluster() -> ClusterOptions {
-    ClusterOptions::for_tests()
-        .superuser_password(PASSWORD)
-        .set("password_encryption", "scram-sha-256")
-        .hba(&["host all all 127.0.0.1/32 scram-sha-256"])
+async fn start_scram_cluster() -> ThrowawayCluster {
+    start_cluster(
+        ClusterOptions::for_tests().set("password_encryption", "scram-sha-256"),
+        ClusterAccess::default()
+            .superuser_password(PASSWORD)
+            .hba(&["host all all 127.0.0.1/32 scram-sha-256"]),
+    )
+    .await
 }
 
 /// The cluster the tests of this module share (never stopped).
@@ -32,7 +35,7 @@ fn cluster() -> &'static ThrowawayCluster {
                 .enable_all()
                 .build()
                 .unwrap()
-                .block_on(start_cluster(scram_cluster()))
+                .block_on(start_scram_cluster())
         })
         .join()
         .unwrap_or_else(|_| panic!("credentials cluster start-up panicked"))
@@ -204,7 +207,7 @@ async fn the_password_never_appears_in_any_output_or_the_daemons_log_and_readyz(
 
     // The daemon, password in a key=value URL with spaces around '=', and its /readyz while the
     // database is up and after it went away (a cluster of its own, stopped midway).
-    let own = std::sync::Arc::new(start_cluster(scram_cluster()).await);
+    let own = std::sync::Arc::new(start_scram_cluster().await);
     let daemon_url = format!(
         "host=127.0.0.1 port={} user=postgres dbname=postgres password = '{PASSWORD}'",
         own.port()

@@ -4,7 +4,7 @@
 //! (good and bad), and the log formats. Every wait polls what the daemon or PostgreSQL reports;
 //! none sleeps hoping something happened.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -19,16 +19,21 @@ use crate::daemon_support::{
 };
 use crate::harness::{binary, config_for, TestDb};
 
-fn pings(messages: &[Message]) -> Vec<Instant> {
+/// When the daemon sent each `WATCHDOG=1` (the kernel's receive timestamps: a stall of this test
+/// process does not move them).
+fn pings(messages: &[Message]) -> Vec<SystemTime> {
     messages
         .iter()
         .filter(|m| m.has("WATCHDOG=1"))
-        .map(|m| m.at)
+        .map(|m| m.sent)
         .collect()
 }
 
-fn gaps(times: &[Instant]) -> Vec<Duration> {
-    times.windows(2).map(|w| w[1] - w[0]).collect()
+fn gaps(times: &[SystemTime]) -> Vec<Duration> {
+    times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).unwrap_or_default())
+        .collect()
 }
 
 /// Polls `attempt` every 50 ms until it returns `Some`, failing after [`PATIENCE`].

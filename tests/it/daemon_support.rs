@@ -5,14 +5,19 @@
 
 #![allow(dead_code)] // each daemon test uses a different subset
 
+use std::io::IoSliceMut;
+use std::os::unix::io::AsRawFd as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::{kill, Signal};
+use nix::sys::socket::{recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags};
+use nix::sys::time::TimeVal;
 use nix::unistd::Pid;
 use serde_json::Value;
+use tokio::io::Interest;
 
 use crate::api_support::{Reply, TestApi};
 use crate::harness::binary;
@@ -326,8 +331,11 @@ pub struct NotifySocket {
 /// One datagram from the daemon.
 #[derive(Debug, Clone)]
 pub struct Message {
-    /// When it arrived.
+    /// When this process received it.
     pub at: Instant,
+    /// When the kernel queued it on the socket (`SO_TIMESTAMP`): the daemon's send time, however
+    /// late this process got to read it.
+    pub sent: SystemTime,
     /// Its text: `NAME=value` lines.
     pub text: String,
 }
@@ -352,6 +360,7 @@ impl NotifySocket {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("notify");
         let socket = tokio::net::UnixDatagram::bind(&path).unwrap();
+        setsockopt(&socket, sockopt::ReceiveTimestamp, &true).unwrap();
         NotifySocket {
             path,
             socket,
@@ -367,9 +376,28 @@ impl NotifySocket {
     /// The next message, or `None` after `timeout`.
     pub async fn recv(&self, timeout: Duration) -> Option<Message> {
         let mut buf = vec![0u8; 4096];
-        match tokio::time::timeout(timeout, self.socket.recv(&mut buf)).await {
-            Ok(Ok(n)) => Some(Message {
+        let received = self.socket.async_io(Interest::READABLE, || {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let mut space = nix::cmsg_space!(TimeVal);
+            let msg = recvmsg::<()>(
+                self.socket.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_DONTWAIT,
+            )?;
+            let stamp = msg.cmsgs()?.find_map(|c| match c {
+                ControlMessageOwned::ScmTimestamp(t) => {
+                    Some(UNIX_EPOCH + Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000))
+                }
+                _ => None,
+            });
+            Ok((msg.bytes, stamp))
+        });
+        let result = tokio::time::timeout(timeout, received).await;
+        match result {
+            Ok(Ok((n, stamp))) => Some(Message {
                 at: Instant::now(),
+                sent: stamp.expect("SO_TIMESTAMP gives every datagram its receive time"),
                 text: String::from_utf8(buf[..n].to_vec()).expect("notifications are UTF-8"),
             }),
             Ok(Err(e)) => panic!("recv on NOTIFY_SOCKET: {e}"),

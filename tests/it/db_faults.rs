@@ -211,9 +211,14 @@ async fn one_shot_cleanup_on_a_silent_database_ends_within_its_bounds() {
         log.trim()
     );
 
-    // SIGTERM while silent: obeyed at once.
+    // SIGTERM while silent: obeyed at once, with the documented status (130), long before
+    // connect_timeout (2 s) would end the run with 69 by itself. Signalled once the proxy has
+    // accepted the command's connection, i.e. while it waits for the silent handshake.
+    let accepted = proxy.accepted();
     let mut child = cleanup_command(&url, &stderr).spawn().unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy
+        .wait_past(SilentProxy::accepted, accepted, "cleanup never connected")
+        .await;
     let signalled = Instant::now();
     kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
@@ -221,12 +226,13 @@ async fn one_shot_cleanup_on_a_silent_database_ends_within_its_bounds() {
         .expect("cleanup obeys SIGTERM on a silent database")
         .unwrap();
     let took = signalled.elapsed();
-    assert!(status.code().is_some(), "{status:?}");
+    let log = std::fs::read_to_string(&stderr).unwrap();
     println!(
         "cleanup, SIGTERM while silent: exit {:?} in {took:?}",
         status.code()
     );
-    assert!(took < Duration::from_secs(6), "{took:?}");
+    assert_eq!(status.code(), Some(130), "{status:?}: {log}");
+    assert!(took < Duration::from_secs(1), "{took:?}: {log}");
 
     // Mid-run: a run over many small batches, silenced once it has committed some.
     proxy.resume();
@@ -410,8 +416,16 @@ async fn serve_with_a_cleaner_stuck_on_a_silent_database_stops_within_its_bound(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let stalled = proxy.stalled();
     proxy.silence_all();
-    tokio::time::sleep(Duration::from_millis(500)).await; // the run is now waiting on a batch
+    // The run's next batch (at most pause_between_batches away) is now held by the proxy.
+    proxy
+        .wait_past(
+            SilentProxy::stalled,
+            stalled,
+            "nothing was sent to the silent database",
+        )
+        .await;
     let signalled = Instant::now();
     daemon.signal(Signal::SIGTERM);
     let status = daemon.wait_exit(Duration::from_secs(40)).await;

@@ -41,9 +41,23 @@ async fn of_concurrent_takers_exactly_one_wins() {
     let config = db.config_with(PATIENT);
     let observer = db.client().await;
 
+    // The eight queue together behind an uncommitted insert of the row by the test, which then
+    // rolls back: released at once onto a table with no row.
+    let inserter = db.client().await;
+    inserter.batch_execute("BEGIN").await.unwrap();
+    inserter
+        .execute(
+            "INSERT INTO tombstoned.cleanup_lease
+                 (name, holder, holder_pid, acquired_at, renewed_at, expires_at)
+             VALUES ('cleanup', 'test', pg_backend_pid(), now(), now(), now() + interval '1 hour')",
+            &[],
+        )
+        .await
+        .unwrap();
     let mut fresh = Vec::new();
     for i in 0..8 {
         let client = db.client().await;
+        let taker_pid = pid(&client).await;
         let cleanup = config.cleanup.clone();
         fresh.push(tokio::spawn(async move {
             let won = cleanup::Lease::try_acquire(
@@ -57,7 +71,9 @@ async fn of_concurrent_takers_exactly_one_wins() {
             // Kept open until every taker has tried: a holder whose session ended holds nothing.
             (won, client)
         }));
+        wait_until_lock_wait(&observer, taker_pid, BARRIER).await;
     }
+    inserter.batch_execute("ROLLBACK").await.unwrap();
     let mut won = 0;
     let mut sessions = Vec::new();
     for taker in fresh {
@@ -280,7 +296,9 @@ async fn two_cleanup_processes_take_turns_and_the_history_stays_bounded() {
                 .args(["cleanup", "--max-batches", "4"])
                 .env("TOMBSTONED_DATABASE_URL", &url)
                 .env("TOMBSTONED_CLEANUP__BATCH_SIZE", "10")
-                .env("TOMBSTONED_CLEANUP__PAUSE_BETWEEN_BATCHES", "20ms")
+                // Each run holds the lease for its 4 batches' pauses (300 ms), far longer than a
+                // process takes to start: the other instance's runs meet it.
+                .env("TOMBSTONED_CLEANUP__PAUSE_BETWEEN_BATCHES", "100ms")
                 .env("TOMBSTONED_CLEANUP__HISTORY_RUNS", history_runs)
                 .output()
                 .await
@@ -304,6 +322,11 @@ async fn two_cleanup_processes_take_turns_and_the_history_stays_bounded() {
         "{codes:?}"
     );
     let ran = codes.iter().filter(|c| **c == Some(0)).count();
+    // They really overlapped: some run found the other's lease and was turned away.
+    assert!(
+        codes.contains(&Some(75)),
+        "no run was turned away: {codes:?}"
+    );
 
     let runs = history(&observer).await;
     assert_eq!(runs.len(), ran, "every run that got the lease is recorded");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tombstoned::db;
 use tombstoned::pg_cluster::{free_loopback_port, ClusterOptions};
-use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
+use tombstoned_testkit::cluster::{ClusterAccess, ClusterOptionsTestExt as _};
 
 use crate::conn_support::{config, run_binary, start_cluster};
 use crate::harness::{silent_listener, TestDb};
@@ -104,8 +104,11 @@ async fn the_pools_wait_covers_trying_every_host() {
 
 #[tokio::test]
 async fn target_session_attrs_skips_a_server_that_does_not_match() {
-    let read_only =
-        start_cluster(ClusterOptions::for_tests().set("default_transaction_read_only", "on")).await;
+    let read_only = start_cluster(
+        ClusterOptions::for_tests().set("default_transaction_read_only", "on"),
+        ClusterAccess::default(),
+    )
+    .await;
     let db = TestDb::new().await;
     let writable = db.config().database.url.conninfo().targets()[0].port;
     let both = |attrs: &str| {

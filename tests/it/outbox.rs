@@ -617,16 +617,30 @@ async fn sigterm_abandons_a_delivery_after_the_grace_and_it_is_redelivered_after
     daemon.signal(Signal::SIGTERM);
     let status = daemon.wait_exit(PATIENCE).await;
     let took = stopping.elapsed();
-    assert!(status.success(), "{status}\n{}", daemon.log());
+    let log = daemon.log();
+    assert!(status.success(), "{status}\n{log}");
     assert!(
         took >= Duration::from_secs(1),
         "the grace was given: {took:?}"
     );
+    // Abandoned by the grace (not by the request's 3 s timeout: only the grace logs this), and
+    // right after it, by the daemon's own clock (its log's timestamps: a slow test cannot stretch
+    // it); the exit follows.
+    let at = |needle: &str| {
+        crate::harness::logged_at(&log, needle)
+            .unwrap_or_else(|| panic!("no {needle:?} in the log:\n{log}"))
+    };
+    let grace = at("delivery abandoned at shutdown")
+        .duration_since(at("shutting down:"))
+        .unwrap_or_default();
     assert!(
-        took < Duration::from_secs(3),
-        "abandoned after the grace: {took:?}"
+        grace >= Duration::from_secs(1) && grace < Duration::from_millis(1900),
+        "abandoned {grace:?} after SIGTERM, grace 1 s:\n{log}"
     );
-    assert!(daemon.log().contains("delivery abandoned at shutdown"));
+    assert!(
+        took < Duration::from_secs(10),
+        "exit {took:?} after SIGTERM"
+    );
     let abandoned = record(&client, event).await;
     assert!(
         abandoned.locked_by.is_some() && !abandoned.delivered,

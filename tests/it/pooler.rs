@@ -349,53 +349,6 @@ async fn a_transaction_pooler_configured_as_none_is_named_in_the_error() {
     holder2.simple_query("ROLLBACK").await.unwrap();
 }
 
-/// What unnamed statements cost on the claim path: sequential claims of new keys over HTTP on a
-/// direct connection, `pooler = "none"` (statements prepared once per pooled connection) against
-/// `"transaction"` (every statement unnamed: parsed and planned each time), alternating, median
-/// of several runs. A measurement, not a check: run it alone with
-/// `cargo test --release --test it unnamed_statement_cost -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement; run it alone on a quiet machine"]
-async fn unnamed_statement_cost() {
-    const CLAIMS: usize = 300;
-    const RUNS: usize = 7;
-    let mut times = [Vec::new(), Vec::new()];
-    for run in 0..RUNS {
-        for (slot, pooler) in ["none", "transaction"].into_iter().enumerate() {
-            let api = TestApi::start_with(&[("TOMBSTONED_DATABASE__POOLER", pooler)]).await;
-            // Warm-up: connections opened, statements cached.
-            for i in 0..20 {
-                api.post(BOB, &format!("warm-{i}"), &order(&format!("warm-{i}")))
-                    .await
-                    .expect(201);
-            }
-            let started = std::time::Instant::now();
-            for i in 0..CLAIMS {
-                api.post(
-                    BOB,
-                    &format!("k-{run}-{i}"),
-                    &order(&format!("r-{run}-{i}")),
-                )
-                .await
-                .expect(201);
-            }
-            times[slot].push(started.elapsed().as_secs_f64() * 1e6 / CLAIMS as f64);
-            api.stop().await;
-        }
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let named = median(&mut times[0]);
-    let unnamed = median(&mut times[1]);
-    eprintln!(
-        "claim latency, median of {RUNS} runs of {CLAIMS}: prepared {named:.0} µs, unnamed \
-         {unnamed:.0} µs, ratio {:.3}",
-        unnamed / named
-    );
-}
-
 /// Two `serve` daemons, both through the transaction pooler (two server connections shared by
 /// everything), each firing its cleaner every second with runs of up to 1.5 s: they never clean
 /// at the same time. Observed from the run history both write (no two recorded runs overlap)

@@ -4,16 +4,39 @@
 
 use std::time::Duration;
 
+use tombstoned::cleanup::sql;
+use tombstoned::db::sql::qualify;
+
 use crate::api_support::{order, TestApi, ALICE};
 
-/// Holds `key-1` the way a cleanup batch does (its tombstoning UPDATE, uncommitted).
-async fn hold_like_a_cleanup_batch(api: &TestApi) -> tokio_postgres::Client {
+/// A cleanup batch holding the due `key-1`: the cleaner's own statement
+/// ([`sql::TOMBSTONE_BATCH`], cutoff the database clock), its transaction left open.
+async fn hold_in_a_cleanup_batch(api: &TestApi) -> tokio_postgres::Client {
+    let holder = api.db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    let cutoff: chrono::DateTime<chrono::Utc> =
+        holder.query_one(sql::CUTOFF, &[]).await.unwrap().get(0);
+    let no_cursor: Option<chrono::DateTime<chrono::Utc>> = None;
+    let row = holder
+        .query_one(
+            qualify(sql::TOMBSTONE_BATCH, "tombstoned"),
+            &[&cutoff, &no_cursor, &cutoff, &100i64],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>("changed"), 1, "the batch holds key-1");
+    holder
+}
+
+/// A writer holding `key-1` inside its replay window (no cleanup batch ever does: it takes only
+/// due rows): its row lock, uncommitted.
+async fn hold_as_a_writer(api: &TestApi) -> tokio_postgres::Client {
     let holder = api.db.client().await;
     holder.batch_execute("BEGIN").await.unwrap();
     let n = holder
         .execute(
-            "UPDATE idempotency_records SET response_body = NULL, expired = true,
-                 expired_at = now() WHERE idempotency_key = 'key-1'",
+            "SELECT 1 FROM idempotency_records WHERE idempotency_key = 'key-1'
+             FOR NO KEY UPDATE",
             &[],
         )
         .await
@@ -41,7 +64,7 @@ async fn a_replay_past_its_window_answers_410_while_a_cleanup_batch_holds_the_re
     let first = api.post(ALICE, "key-1", &order("req-1")).await;
     first.expect(201);
     close_the_window(&api).await;
-    let holder = hold_like_a_cleanup_batch(&api).await;
+    let holder = hold_in_a_cleanup_batch(&api).await;
 
     let replay = tokio::time::timeout(
         Duration::from_secs(20),
@@ -77,7 +100,7 @@ async fn a_replay_inside_its_window_still_waits_for_a_writer_holding_the_record(
     // writer makes it wait (here past the claim lock timeout: 409, outcome pending).
     let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "300ms")]).await;
     api.post(ALICE, "key-1", &order("req-1")).await.expect(201);
-    let holder = hold_like_a_cleanup_batch(&api).await;
+    let holder = hold_as_a_writer(&api).await;
     let r = api.post(ALICE, "key-1", &order("req-1")).await;
     r.expect(409);
     assert_eq!(r.problem(), "request-in-progress");

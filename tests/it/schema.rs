@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tombstoned::db::{migrations, Conn, Pooler};
 
+use crate::cleanup_support::wait_until_sessions_wait;
 use crate::harness::{binary, TestDb};
 
 #[tokio::test]
@@ -40,12 +41,24 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
 async fn concurrent_migrate_runs_are_serialised() {
     let db = TestDb::empty().await;
     let config = db.config();
+    // The test holds migrate's advisory lock until all four runs wait for it, so they really
+    // run at once when it lets go.
+    let holder = db.client().await;
+    holder
+        .execute(
+            tombstoned::db::sql::ADVISORY_LOCK,
+            &[&format!("tombstoned:migrate:{}", config.database.schema)],
+        )
+        .await
+        .unwrap();
     let runs: Vec<_> = (0..4)
         .map(|_| {
             let database = config.database.clone();
             tokio::spawn(async move { migrations::migrate(&database).await })
         })
         .collect();
+    wait_until_sessions_wait(&db.client().await, "tombstoned/migrate", 4).await;
+    drop(holder);
     let mut applied = 0;
     for run in runs {
         applied += run

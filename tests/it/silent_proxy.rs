@@ -39,6 +39,7 @@ pub struct SilentProxy {
     mode: watch::Sender<Mode>,
     next_id: Arc<AtomicU64>,
     accepted: Arc<AtomicU64>,
+    stalled: Arc<AtomicU64>,
     _stop: DropGuard,
 }
 
@@ -50,11 +51,13 @@ impl SilentProxy {
         let (mode, _) = watch::channel(Mode::default());
         let next_id = Arc::new(AtomicU64::new(0));
         let accepted = Arc::new(AtomicU64::new(0));
+        let stalled = Arc::new(AtomicU64::new(0));
         let stop = CancellationToken::new();
-        let (tx, ids, count, token) = (
+        let (tx, ids, count, stalls, token) = (
             mode.clone(),
             next_id.clone(),
             accepted.clone(),
+            stalled.clone(),
             stop.clone(),
         );
         tokio::spawn(async move {
@@ -80,8 +83,16 @@ impl SilentProxy {
                     id,
                     tx.subscribe(),
                     link.clone(),
+                    Some(stalls.clone()),
                 ));
-                tokio::spawn(pump(server_read, client_write, id, tx.subscribe(), link));
+                tokio::spawn(pump(
+                    server_read,
+                    client_write,
+                    id,
+                    tx.subscribe(),
+                    link,
+                    None,
+                ));
             }
         });
         SilentProxy {
@@ -89,6 +100,7 @@ impl SilentProxy {
             mode,
             next_id,
             accepted,
+            stalled,
             _stop: stop.drop_guard(),
         }
     }
@@ -114,6 +126,22 @@ impl SilentProxy {
         self.accepted.load(Ordering::SeqCst)
     }
 
+    /// How many times a client sent something while its connection was silent (held, never
+    /// answered): a client now waiting on the silent database.
+    pub fn stalled(&self) -> u64 {
+        self.stalled.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `counter` (e.g. [`Self::accepted`], [`Self::stalled`]) has passed `seen`;
+    /// fails with `what` after 10 s.
+    pub async fn wait_past(&self, counter: fn(&Self) -> u64, seen: u64, what: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while counter(self) <= seen {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// `url` (a key=value connection string naming `port=<upstream>`) rewritten to go through
     /// the proxy, in plaintext: the proxy forwards bytes, so TLS would work too, but tests
     /// read clearer without the SSLRequest round trip.
@@ -133,14 +161,34 @@ async fn pump(
     id: u64,
     mut mode: watch::Receiver<Mode>,
     link: CancellationToken,
+    stalled: Option<Arc<AtomicU64>>,
 ) {
+    let stall = || {
+        if let Some(stalled) = &stalled {
+            stalled.fetch_add(1, Ordering::SeqCst);
+        }
+    };
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = tokio::select! {
             _ = link.cancelled() => break,
             read = async {
-                // Silent: nothing is read, so nothing is acknowledged beyond the socket buffers.
-                let _ = mode.wait_for(|m| !m.silences(id)).await;
+                // Silent: nothing is read, so nothing is acknowledged beyond the socket buffers;
+                // bytes that arrive meanwhile are a stalled request.
+                if mode.borrow().silences(id) {
+                    let resumed = tokio::select! {
+                        resumed = mode.wait_for(|m| !m.silences(id)) => resumed.is_ok(),
+                        ready = from.readable() => {
+                            if ready.is_ok() {
+                                stall();
+                            }
+                            false
+                        }
+                    };
+                    if !resumed {
+                        let _ = mode.wait_for(|m| !m.silences(id)).await;
+                    }
+                }
                 from.read(&mut buf).await
             } => match read {
                 Ok(0) | Err(_) => break,
@@ -151,6 +199,9 @@ async fn pump(
         let forwarded = tokio::select! {
             _ = link.cancelled() => break,
             written = async {
+                if mode.borrow().silences(id) {
+                    stall();
+                }
                 let _ = mode.wait_for(|m| !m.silences(id)).await;
                 to.write_all(&buf[..n]).await
             } => written,

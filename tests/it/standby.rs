@@ -59,6 +59,16 @@ async fn a_synchronous_standby_replays_pauses_and_is_promoted() {
     p.execute("INSERT INTO smoke VALUES (2)", &[])
         .await
         .unwrap();
+    // The standby has the insert (received and flushed), so only the pause keeps it from view.
+    let lsn = standby::current_wal_lsn(&p).await.unwrap();
+    standby
+        .wait_for_receipt(&lsn, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        !standby.has_replayed(&lsn).await.unwrap(),
+        "replay is paused"
+    );
     assert_eq!(count(&s).await, 1, "replay is paused");
     standby.resume_replay().await.unwrap();
     standby.catch_up(&p, Duration::from_secs(30)).await.unwrap();

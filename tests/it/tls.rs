@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use tombstoned::db;
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
-use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
+use tombstoned_testkit::cluster::{ClusterAccess, ClusterOptionsTestExt as _};
 
 use crate::conn_support::{config, run_binary, start_cluster, Pki};
 use crate::harness::TestDb;
@@ -32,15 +32,19 @@ fn env() -> &'static TlsEnv {
                 .build()
                 .unwrap();
             runtime.block_on(async {
-                let hostssl = ClusterOptions::for_tests()
-                    .superuser_password(SUPERUSER_PASSWORD)
-                    .set("password_encryption", "scram-sha-256");
-                let main = start_cluster(hostssl.clone().tls(pki.server_tls("server")).hba(&[
-                    "hostssl all certuser 127.0.0.1/32 cert",
-                    "hostssl all all 127.0.0.1/32 scram-sha-256",
-                ]))
+                let options =
+                    ClusterOptions::for_tests().set("password_encryption", "scram-sha-256");
+                let hostssl = ClusterAccess::default().superuser_password(SUPERUSER_PASSWORD);
+                let main = start_cluster(
+                    options.clone(),
+                    hostssl.clone().tls(pki.server_tls("server")).hba(&[
+                        "hostssl all certuser 127.0.0.1/32 cert",
+                        "hostssl all all 127.0.0.1/32 scram-sha-256",
+                    ]),
+                )
                 .await;
                 let other_name = start_cluster(
+                    options,
                     hostssl
                         .tls(pki.server_tls("other"))
                         .hba(&["hostssl all all 127.0.0.1/32 scram-sha-256"]),

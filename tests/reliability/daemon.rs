@@ -298,9 +298,10 @@ impl Daemon {
             .unwrap()
     }
 
-    /// The value of one sample line of `/metrics` (`name{labels}` exactly), 0 when absent.
+    /// The value of one sample line of `/metrics` (`name{labels}` exactly); panics when the
+    /// series is absent (a typo, or a label set the daemon never renders).
     pub async fn metric(&self, series: &str) -> f64 {
-        metric_value(&self.metrics().await, series)
+        sample(&self.metrics().await, series)
     }
 
     /// The temporary directory holding the files.
@@ -309,11 +310,17 @@ impl Daemon {
     }
 }
 
-/// The value of `series` (`name{labels}` exactly as rendered) in a Prometheus text, 0 if absent.
-pub fn metric_value(text: &str, series: &str) -> f64 {
+/// The value of `series` (`name{labels}` exactly as rendered) in a Prometheus text, `None` if
+/// absent.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+}
+
+/// [`metric_value`] for a series that must be there: panics, naming it, when it is absent, so a
+/// check like `== 0.0` cannot pass on a misspelt series.
+pub fn sample(text: &str, series: &str) -> f64 {
+    metric_value(text, series).unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
 }
 
 /// A direct session on `url` with `search_path` set to the schema, for the tests' own SQL.

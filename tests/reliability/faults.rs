@@ -15,7 +15,7 @@ use crate::cleanup_support::{
     counts, nth_live, seed_live, wait_until_cleaner_waits, wait_until_gone,
     wait_until_sessions_wait, Reader, DUE,
 };
-use crate::daemon::{connect, metric_value, Daemon, DaemonSpec, OwnCluster};
+use crate::daemon::{connect, sample, Daemon, DaemonSpec, OwnCluster};
 use crate::harness::TestDb;
 use crate::ledger::{self, Answer, CheckOptions, DbState, Kind, Ledger, Monitor, SharedPool};
 use crate::load::{self, Api, LoadSpec, Mix};
@@ -156,12 +156,17 @@ async fn sigkill_during_a_cleanup_batch_leaves_no_half_batch_and_the_restart_fin
     assert_eq!(identity_checksum(&observer).await, before, "identity kept");
     let status = daemon.terminate().await;
     assert!(status.success());
+    let thirteenth = if tombstones == 1300 {
+        "committed whole"
+    } else {
+        "rolled back whole"
+    };
     crate::publish_figures(
         "fault-sigkill-cleanup",
         &format!(
-            "SIGKILL mid-batch: 2000 due rows, batches of 100; 1200 tombstoned before the kill \
-             (12 whole batches, the 13th rolled back), the restarted daemon finished the other \
-             800 in {took:?}\n"
+            "SIGKILL mid-batch: 2000 due rows, batches of 100; {tombstones} tombstoned after the \
+             kill (12 whole batches, the 13th {thirteenth}), the restarted daemon finished the \
+             other {live} in {took:?}\n"
         ),
     );
 }
@@ -272,7 +277,7 @@ async fn postgres_restart_and_outage_under_load_503_then_recovery_and_cleanup_re
 
     // 2. The server stops for a while.
     let failed_runs = || async {
-        metric_value(
+        sample(
             &daemon.metrics().await,
             "tombstoned_cleanup_runs_total{outcome=\"failed\"}",
         )
@@ -299,7 +304,7 @@ async fn postgres_restart_and_outage_under_load_503_then_recovery_and_cleanup_re
     .await;
     assert!(daemon.alive(), "the daemon stays up:\n{}", daemon.stderr());
     let successful_runs = || async {
-        metric_value(
+        sample(
             &daemon.metrics().await,
             "tombstoned_cleanup_runs_total{outcome=\"success\"}",
         )
@@ -485,8 +490,26 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
         || async { counts(&observer).await == (4999, 1) },
     )
     .await;
-    // Keep holding until the lock has been held ten lock_timeouts, with runs firing every 2 s.
-    while locked_at.elapsed() < Duration::from_secs(10) {
+    // Keep holding until the lock has been held ten lock_timeouts, with runs firing every 2 s,
+    // and at least one more run has met the held row meanwhile.
+    let runs = || async {
+        let metrics = daemon.metrics().await;
+        ["success", "partial", "failed"]
+            .iter()
+            .map(|o| {
+                sample(
+                    &metrics,
+                    &format!("tombstoned_cleanup_runs_total{{outcome=\"{o}\"}}"),
+                )
+            })
+            .sum::<f64>()
+    };
+    let runs_before = runs().await;
+    while locked_at.elapsed() < Duration::from_secs(10) || runs().await <= runs_before {
+        assert!(
+            locked_at.elapsed() < Duration::from_secs(10) + BOUND,
+            "no cleanup run fired while the row was held"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(counts(&observer).await, (4999, 1));
@@ -507,7 +530,7 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
     assert!(body.is_some());
     assert_eq!(now, body, "the held record keeps its body while it is read");
     let metrics = daemon.metrics().await;
-    let timeouts = metric_value(&metrics, "tombstoned_cleanup_lock_timeouts_total");
+    let timeouts = sample(&metrics, "tombstoned_cleanup_lock_timeouts_total");
     assert!(timeouts >= 1.0, "{metrics}");
     reader.commit().await;
     until(
@@ -519,6 +542,13 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
     assert!(daemon.terminate().await.success());
     let monitor = monitor.stop().await;
     assert!(monitor.violations.is_empty(), "{:?}", monitor.violations);
+    // It watched the whole time: a snapshot every 200 ms for more than 10 s, none failed.
+    assert!(
+        monitor.failed_snapshots.is_empty(),
+        "{:?}",
+        monitor.failed_snapshots
+    );
+    assert!(monitor.snapshots >= 10, "{} snapshots", monitor.snapshots);
     crate::publish_figures(
         "fault-held-row",
         &format!(

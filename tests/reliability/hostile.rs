@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::daemon::{connect, Daemon, DaemonSpec, OwnCluster, ALICE, BOB};
+use crate::cleanup_support::wait_until_sessions_wait;
+use crate::daemon::{connect, sample, Daemon, DaemonSpec, OwnCluster, ALICE, BOB};
 use crate::harness::TestDb;
 use crate::ledger::Reply;
 
@@ -275,8 +276,26 @@ async fn sigterm_with_half_sent_requests_on_both_ports_exits_within_seconds() {
     let half_ops = half_sent(&ops, "GET /metrics HTTP/1.1\r\nHo").await;
     let idle = open_idle(&api, 20).await;
     let idle_ops = open_idle(&ops, 5).await;
-    // Make sure both half-sent requests reached the daemon's connection tasks.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every connection reached the daemon's connection tasks: the API's 21, and the metrics
+    // listener's 6 next to the scrape asking.
+    let opened = Instant::now();
+    loop {
+        let metrics = daemon.metrics().await;
+        let open = |listener: &str| {
+            sample(
+                &metrics,
+                &format!("tombstoned_http_connections{{listener=\"{listener}\"}}"),
+            )
+        };
+        if open("api") >= 21.0 && open("metrics") >= 7.0 {
+            break;
+        }
+        assert!(
+            opened.elapsed() < BOUND,
+            "the daemon never registered every connection:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let started = Instant::now();
     let status = daemon.terminate().await;
     let took = started.elapsed();
@@ -356,8 +375,8 @@ async fn under_rlimit_nofile_1024_a_thousand_idle_connections_leave_post_and_rea
     // POSTs' connections close after their answer, so the next finds a free slot.
     assert!(evicted + refused >= 1100.0 - 880.0, "{evicted} + {refused}");
     let fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
-        .map(|d| d.count())
-        .unwrap_or(0);
+        .unwrap_or_else(|e| panic!("cannot count the daemon's descriptors: {e}"))
+        .count();
     assert!(fds <= 1024 - 32, "{fds} descriptors open");
     let log = daemon.stderr();
     let accept_errors = log.matches("accept failed").count();
@@ -414,6 +433,7 @@ async fn sixty_four_clients_on_four_locked_keys_leave_the_pool_to_everyone_else(
             .unwrap();
     }
 
+    let holder_observer = connect(&db.url, "test").await;
     let stop = Arc::new(AtomicBool::new(false));
     let hot_clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
@@ -440,8 +460,9 @@ async fn sixty_four_clients_on_four_locked_keys_leave_the_pool_to_everyone_else(
             })
         })
         .collect();
-    // Let the hot clients take whatever they can take.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The hot clients have taken what they can take: their claims wait on the held rows, at
+    // least one session per hot key at once.
+    wait_until_sessions_wait(&holder_observer, "tombstoned/api", HOT as i64).await;
 
     // Unrelated traffic: new keys from alice (same scope as the hot keys) and bob, and reads.
     let started = Instant::now();
@@ -505,6 +526,13 @@ async fn sixty_four_clients_on_four_locked_keys_leave_the_pool_to_everyone_else(
             "{status} {problem} without Retry-After"
         );
     }
+    // The hot keys were really contended: beyond the owner and one waiter per key, the rest were
+    // turned away at once.
+    assert!(
+        hot_409 > 0,
+        "no hot request was refused: {} answers, {hot_503} x 503",
+        hot_answers.len()
+    );
     post_times.sort();
     get_times.sort();
     let (post_p50, post_p99, post_max) = (
@@ -517,7 +545,28 @@ async fn sixty_four_clients_on_four_locked_keys_leave_the_pool_to_everyone_else(
     // (seconds, then 503); with it they wait for nobody.
     let bound = Duration::from_millis(1500);
     assert!(post_p99 < bound, "unrelated POST p99 {post_p99:?}");
-    assert!(get_max < bound, "unrelated GET max {get_max:?}");
+    // Every read too, as the daemon timed it (its request histogram: a stall of this test
+    // process cannot count, a read that waited for the pool cannot hide): all within 1 s.
+    let metrics = daemon.metrics().await;
+    for route in ["/v1/orders/{order_id}", "/v1/idempotency-keys/{key}"] {
+        let series = |suffix: &str, le: &str| {
+            sample(
+                &metrics,
+                &format!(
+                    "tombstoned_http_request_duration_seconds_{suffix}{{route=\"{route}\"{le}}}"
+                ),
+            )
+        };
+        let (served, within) = (series("count", ""), series("bucket", ",le=\"1\""));
+        assert!(
+            served >= (get_times.len() / 2) as f64,
+            "{route}: {served} served"
+        );
+        assert_eq!(
+            within, served,
+            "{route}: a read took over 1 s in the daemon"
+        );
+    }
     crate::publish_figures(
         "hostile_hot_keys",
         &format!(
@@ -592,19 +641,30 @@ fn fill(path: &std::path::Path) -> std::path::PathBuf {
     filler
 }
 
+/// The disk-full test cannot run here (not root, or no `mount -t tmpfs`, e.g. a container
+/// without CAP_SYS_ADMIN): a failure under CI (`CI` set), whose figures RELIABILITY.md cites; a
+/// skip, said on stderr, on a developer's machine.
+fn cannot_run(why: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "a_full_disk_answers_503_with_retry_after_then_recovers cannot run under CI: {why}"
+    );
+    eprintln!("SKIPPED a_full_disk_answers_503_with_retry_after_then_recovers: {why}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_answers_503_with_retry_after_then_recovers() {
     // /proc/self belongs to the process's effective user.
     let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0;
     if !root {
-        println!("SKIPPED a_full_disk_answers_503_with_retry_after_then_recovers: mounting a tmpfs needs root");
+        cannot_run("mounting a tmpfs needs root");
         return;
     }
     let own = OwnCluster::start().await;
     let tmpfs = match Tmpfs::mount("2m") {
         Ok(t) => t,
         Err(e) => {
-            println!("SKIPPED a_full_disk_answers_503_with_retry_after_then_recovers: {e}");
+            cannot_run(&e);
             return;
         }
     };

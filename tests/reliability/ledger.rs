@@ -868,6 +868,9 @@ pub struct Monitor {
 #[derive(Debug, Default)]
 pub struct MonitorReport {
     pub snapshots: usize,
+    /// Snapshots that failed (the database restarting, say), with why: the test decides whether
+    /// any may fail.
+    pub failed_snapshots: Vec<String>,
     pub violations: Vec<String>,
     pub records_seen: usize,
     /// Records seen live in one snapshot and tombstoned in a later one.
@@ -884,12 +887,16 @@ impl Monitor {
             let mut known: HashMap<Scope, Record> = HashMap::new();
             loop {
                 let cancelled = token.is_cancelled();
-                // A failed snapshot (the database restarting) is skipped; the next one compares.
-                if let Ok(rows) = client.query(RECORDS, &[]).await {
-                    report.snapshots += 1;
-                    let now: HashMap<Scope, Record> = rows.iter().map(record_of).collect();
-                    compare(&known, &now, &mut report);
-                    known = now;
+                // A failed snapshot (the database restarting) is counted and skipped; the next
+                // one compares.
+                match client.query(RECORDS, &[]).await {
+                    Ok(rows) => {
+                        report.snapshots += 1;
+                        let now: HashMap<Scope, Record> = rows.iter().map(record_of).collect();
+                        compare(&known, &now, &mut report);
+                        known = now;
+                    }
+                    Err(e) => report.failed_snapshots.push(e.to_string()),
                 }
                 if cancelled {
                     break;
