@@ -54,7 +54,7 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Run only these scenarios (1-8), e.g. `--only 1` or `--only 1,3`.
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=7))]
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=8))]
     only: Vec<u8>,
     /// Repetitions per measurement (default 3, or 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]

@@ -31,6 +31,7 @@ mod outbox_support;
 mod pooler;
 mod pooler_support;
 mod prometheus;
+mod protocol_paths;
 mod readiness;
 mod replay_locks;
 mod scheduler;
