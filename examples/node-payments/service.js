@@ -189,7 +189,7 @@ async function handle(pool, req, raw) {
   const authorization = req.headers.authorization || '';
   const caller = authorization.startsWith('Bearer ') && Object.hasOwn(TOKENS, authorization.slice(7))
     ? TOKENS[authorization.slice(7)] : null;
-  if (caller === null || typeof caller !== 'object') {
+  if (caller === null) {
     return problem(401, 'unauthenticated', { 'WWW-Authenticate': 'Bearer' });
   }
   const key = req.headers['idempotency-key'];
@@ -226,6 +226,11 @@ function send(res, { status, body, headers }) {
 function main() {
   if (!process.env.DATABASE_URL) {
     console.error('DATABASE_URL is not set');
+    process.exit(1);
+  }
+  const callers = TOKENS !== null && typeof TOKENS === 'object' ? Object.values(TOKENS) : [null];
+  if (!callers.every((c) => c !== null && typeof c.tenant === 'string' && typeof c.principal === 'string')) {
+    console.error('PAYMENTS_TOKENS: {"token": {"tenant": ..., "principal": ...}, ...}');
     process.exit(1);
   }
   const pool = new Pool({ connectionString: process.env.DATABASE_URL, application_name: APPLICATION_NAME, max: 8 });

@@ -190,7 +190,7 @@ def handle(method, path, headers, raw):
         return problem(405, "method not allowed", {"Allow": "POST"})
     authorization = headers.get("Authorization", "")
     caller = TOKENS.get(authorization[7:]) if authorization.startswith("Bearer ") else None
-    if not isinstance(caller, dict):
+    if caller is None:
         return problem(401, "unauthenticated", {"WWW-Authenticate": "Bearer"})
     key = headers.get("Idempotency-Key")
     if key is None or not 1 <= len(key) <= 255:
@@ -244,6 +244,10 @@ class Handler(BaseHTTPRequestHandler):
 def main():
     if not DATABASE_URL:
         sys.exit("DATABASE_URL is not set")
+    for caller in TOKENS.values() if isinstance(TOKENS, dict) else [None]:
+        if not (isinstance(caller, dict) and isinstance(caller.get("tenant"), str)
+                and isinstance(caller.get("principal"), str)):
+            sys.exit('PAYMENTS_TOKENS: {"token": {"tenant": ..., "principal": ...}, ...}')
     server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("PORT", "8080"))), Handler)
     print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()

@@ -346,8 +346,10 @@ impl From<tokio_postgres::Error> for Failure {
     }
 }
 
+/// The session is gone (closed, an I/O error, SQLSTATE class 08): not an answer of the server.
 fn is_connection_error(e: &tokio_postgres::Error) -> bool {
-    e.is_closed() || e.code().is_none_or(|c| c.code().starts_with("08"))
+    let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+    e.is_closed() || io || e.code().is_some_and(|c| c.code().starts_with("08"))
 }
 
 /// What the transaction ended with.
