@@ -135,6 +135,9 @@ async function attempt(client, tenant, principal, key, intent) {
       return byRequestId(client, tenant, principal, intent);
     }
     if (e.code === '40001' || e.code === '40P01') throw new Again();
+    if (e.code === '25006') { // a read-only server: a standby, mid-failover
+      return problem(503, 'database read-only: retry with the same Idempotency-Key', { 'Retry-After': '1' });
+    }
     if (stage === 'commit' && isConnectionError(e)) {
       return problem(503, 'outcome unknown: retry with the same Idempotency-Key', { 'Retry-After': '1' });
     }

@@ -137,6 +137,9 @@ def attempt(conn, tenant, principal, key, intent):
             return by_request_id(conn, tenant, principal, intent)
         if e.sqlstate in ("40001", "40P01"):
             raise Again() from e
+        if e.sqlstate == "25006":          # a read-only server: a standby, mid-failover
+            return problem(503, "database read-only: retry with the same Idempotency-Key",
+                           {"Retry-After": "1"})
         if stage == "commit" and (e.sqlstate is None or e.sqlstate.startswith("08")):
             return problem(503, "outcome unknown: retry with the same Idempotency-Key",
                            {"Retry-After": "1"})

@@ -461,6 +461,11 @@ async fn attempt(
                 Some(&SqlState::T_R_SERIALIZATION_FAILURE | &SqlState::T_R_DEADLOCK_DETECTED) => {
                     Err(Failure::Again)
                 }
+                // A read-only server: a standby, mid-failover.
+                Some(&SqlState::READ_ONLY_SQL_TRANSACTION) => Ok(Answer::retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database read-only: retry with the same Idempotency-Key",
+                )),
                 _ if matches!(stage, Stage::Commit) && is_connection_error(&e) => {
                     Ok(Answer::retry_later(
                         StatusCode::SERVICE_UNAVAILABLE,
