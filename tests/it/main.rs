@@ -22,6 +22,7 @@ mod db_faults;
 mod demo;
 mod dist;
 mod error_text;
+mod examples;
 mod lease;
 mod multihost;
 mod ops_server;
