@@ -67,6 +67,15 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// Orders in the database.
+    async fn orders(&self) -> i64 {
+        self.admin
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     async fn new() -> Ctx {
         let db = TestDb::new().await;
         let config = db.config();
@@ -306,12 +315,7 @@ async fn both_paths_replay_byte_for_byte_and_refuse_reuse() {
             Answer::KeyReused,
             "{path:?}"
         );
-        let orders: i64 = ctx
-            .admin
-            .query_one("SELECT count(*) FROM orders", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let orders = ctx.orders().await;
         assert_eq!(orders, 1, "{path:?}: one order for the key");
     }
 }
@@ -381,12 +385,7 @@ async fn both_paths_answer_expired_with_the_order_and_never_execute_again() {
             attempt(&ctx, path, "old", &order("req-old", 5), WAIT).await,
             Answer::KeyReused
         );
-        let orders: i64 = ctx
-            .admin
-            .query_one("SELECT count(*) FROM orders", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let orders = ctx.orders().await;
         assert_eq!(orders, 1, "{path:?}: never executed again");
     }
 }
