@@ -235,13 +235,12 @@ CREATE FUNCTION claim(
     SECURITY DEFINER
     SET search_path FROM CURRENT
     SET lock_timeout = '2s'
-    -- Marks the claim's INSERT for the TS003 check (require_completed_claim, below).
-    SET tombstoned.claiming = 'on'
 AS $$
 #variable_conflict use_column
 DECLARE
     called_at constant timestamptz := clock_timestamp();
     wait_ms numeric;
+    claimed boolean;
     existing record;
 BEGIN
     PERFORM require_scope(claim.tenant_id, claim.principal_id, claim.operation,
@@ -263,14 +262,20 @@ BEGIN
     -- loop then claims again. Twice is plenty; a third miss is reported as a retryable race.
     FOR attempt IN 1..3 LOOP
         -- Waits for an in-flight owner of the key (bounded by lock_timeout: 55P03). If it rolls
-        -- back, this INSERT goes ahead and this transaction owns the key.
+        -- back, this INSERT goes ahead and this transaction owns the key. The marker around it
+        -- queues the TS003 check for this row alone (require_completed_claim, below; a trigger's
+        -- WHEN is evaluated when the row is inserted). It is set at run time, transaction-local:
+        -- a SET clause naming a custom parameter needs privileges the migrating role may lack.
+        PERFORM set_config('tombstoned.claiming', 'on', true);
         INSERT INTO idempotency_records
             (tenant_id, principal_id, operation, idempotency_key, fingerprint,
              replay_deadline, created_at)
         VALUES (claim.tenant_id, claim.principal_id, claim.operation, claim.idempotency_key,
                 claim.fingerprint, called_at + claim.replay_window, called_at)
         ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING;
-        IF FOUND THEN
+        claimed := FOUND;
+        PERFORM set_config('tombstoned.claiming', 'off', true);
+        IF claimed THEN
             RETURN QUERY SELECT 'owner'::text, NULL::integer, NULL::text, NULL::text,
                                 called_at + claim.replay_window, NULL::timestamptz;
             RETURN;
@@ -381,7 +386,7 @@ $$;
 -- ------------------------------------------------------------------------------------------
 -- The check behind TS003: at COMMIT, every key this transaction claimed has its response. A
 -- deferred constraint trigger, queued only for the rows claim() inserts (without a status, while
--- its SET clause has tombstoned.claiming on); the endpoint inserts its row with the status in
+-- it has tombstoned.claiming on); the endpoint inserts its row with the status in
 -- the statement that creates the order, and costs nothing here, and so do rows an operator
 -- writes by hand.
 CREATE FUNCTION require_completed_claim()

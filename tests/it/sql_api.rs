@@ -1560,3 +1560,51 @@ async fn serve_refuses_an_unknown_api_version_and_status_shows_it() {
         "{stderr}"
     );
 }
+
+/// `migrate` installs the SQL API as a role that is neither superuser nor CREATEROLE: only the
+/// owner of its database (what the Debian package's `tombstoned` role is).
+#[tokio::test]
+async fn migrate_installs_the_sql_api_as_an_unprivileged_database_owner() {
+    let db = TestDb::empty().await;
+    let admin = db.client().await;
+    let role = format!("owner_{}", db.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEROLE NOCREATEDB;
+             ALTER DATABASE {} OWNER TO {role}",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let mut as_owner = server().clone();
+    as_owner.user(&role);
+    let url = tombstoned_testkit::cluster::conninfo_for_database(&as_owner, &db.name);
+    let config = crate::harness::config_for(&url, &[]);
+    let applied = tombstoned::db::migrations::migrate(&config.database)
+        .await
+        .unwrap();
+    assert_eq!(applied.len(), 4);
+    // Its functions work for a service role it grants them to.
+    let owner = Service::connect(&db, &role).await;
+    let service = format!("svc_{}", db.name);
+    admin
+        .batch_execute(&format!("CREATE ROLE {service} LOGIN"))
+        .await
+        .unwrap();
+    owner
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA tombstoned TO {service};
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tombstoned TO {service}"
+        ))
+        .await
+        .unwrap();
+    let c = Service::connect(&db, &service).await;
+    let fp = fingerprint(&c, r#"{"a": 1}"#).await;
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(
+        claim(&c, "k", &fp, "1 hour", "2 s").await.unwrap().outcome,
+        "owner"
+    );
+    let e = c.batch_execute("COMMIT").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "TS003", "{e}");
+}
