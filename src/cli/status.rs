@@ -23,7 +23,7 @@ struct Document<'a> {
     report: &'a StatusReport,
     /// `--max-age` in seconds, if given.
     max_age_seconds: Option<f64>,
-    /// `ok`, or `stale` (with `--max-age` only).
+    /// `ok` or `stale` with `--max-age`; `not_checked` without it.
     health: &'static str,
     /// Why it is stale.
     problem: Option<String>,
@@ -35,7 +35,11 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<Ex
         .await
         .context("cannot read the status")?;
     let problem = args.max_age.and_then(|max_age| report.stale(max_age));
-    let health = if problem.is_some() { "stale" } else { "ok" };
+    let health = match (args.max_age, &problem) {
+        (None, _) => "not_checked",
+        (Some(_), Some(_)) => "stale",
+        (Some(_), None) => "ok",
+    };
     if args.json {
         let document = Document {
             report: &report,

@@ -110,6 +110,13 @@ async fn max_age_exits_2_when_the_last_success_is_too_old_or_missing() {
     assert!(stdout(&none).contains("STALE: no successful cleanup run is recorded"));
     let unchecked = tombstoned(&db.url, &["status"]).await;
     assert_eq!(unchecked.status.code(), Some(0));
+    // Without --max-age nothing was checked: JSON says so, as the text does (issue 27).
+    let unchecked = tombstoned(&db.url, &["status", "--json"]).await;
+    assert_eq!(unchecked.status.code(), Some(0));
+    let doc: Value = serde_json::from_slice(&unchecked.stdout).unwrap();
+    assert_eq!(doc["health"], "not_checked", "{doc}");
+    assert_eq!(doc["max_age_seconds"], Value::Null, "{doc}");
+    assert_eq!(doc["problem"], Value::Null, "{doc}");
 
     seed_live(&observer, "age", 5, DUE).await;
     let ran = tombstoned(&db.url, &["cleanup"]).await;
