@@ -20,8 +20,10 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     let _ = writeln!(out, "configuration OK ({origin})");
     let _ = writeln!(
         out,
-        "database: {} (schema {}, pool {} connections)",
-        config.database.url, config.database.schema, config.database.pool_size
+        "database: {} (schema {}, pool {})",
+        config.database.url,
+        config.database.schema,
+        super::count(config.database.pool_size, "connection", "connections")
     );
     for line in db::connection_summary(&config.database) {
         let _ = writeln!(out, "database {line}");
@@ -87,9 +89,9 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     let _ = writeln!(
         out,
         "cleanup lease: lasts {} from each renewal (2 x statement_timeout + \
-         pause_between_batches + 30s); history keeps {} runs",
+         pause_between_batches + 30s); history keeps {}",
         humantime::format_duration(crate::cleanup::lease_ttl(c)),
-        c.history_runs,
+        super::count(c.history_runs, "run", "runs"),
     );
     let _ = writeln!(
         out,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use super::CleanupArgs;
+use super::{count, CleanupArgs};
 use crate::cleanup::{
     dry_run_with_purge, run_leased, DryRunReport, LeasedRun, ReplicaPreview, RunLimits, RunReport,
     STOP_GRACE,
@@ -186,22 +186,23 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         (n, Some(a)) => {
             let _ = writeln!(
                 out,
-                "  backlog left      {n} rows (oldest overdue by {})",
+                "  backlog left      {} (oldest overdue by {})",
+                count(n, "row", "rows"),
                 age(a)
             );
         }
         (n, None) => {
-            let _ = writeln!(out, "  backlog left      {n} rows");
+            let _ = writeln!(out, "  backlog left      {}", count(n, "row", "rows"));
         }
     }
     match r.purge_before {
         Some(before) => {
             let _ = writeln!(
                 out,
-                "  purge             {} tombstones expired before {} deleted in {} batches",
-                r.tombstones_purged,
+                "  purge             {} expired before {} deleted in {}",
+                count(r.tombstones_purged, "tombstone", "tombstones"),
                 timestamp(before),
-                r.purge_batches
+                count(r.purge_batches, "batch", "batches")
             );
         }
         None => {
@@ -212,10 +213,10 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         Some(before) => {
             let _ = writeln!(
                 out,
-                "  outbox retention  {} events delivered before {} deleted in {} batches",
-                r.outbox_events_deleted,
+                "  outbox retention  {} delivered before {} deleted in {}",
+                count(r.outbox_events_deleted, "event", "events"),
                 timestamp(before),
-                r.outbox_batches
+                count(r.outbox_batches, "batch", "batches")
             );
         }
         None => {
@@ -288,8 +289,10 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
     );
     let _ = writeln!(
         out,
-        "  rows due          {} ({} batches of {})",
-        r.rows_due, r.batches_needed, r.batch_size
+        "  rows due          {} ({} of {})",
+        r.rows_due,
+        count(r.batches_needed, "batch", "batches"),
+        r.batch_size
     );
     if let (Some(deadline), Some(overdue)) = (r.oldest_due_deadline, r.oldest_due_overdue) {
         let _ = writeln!(
@@ -321,8 +324,8 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
         Some(p) => {
             let _ = writeln!(
                 out,
-                "  purge             {} tombstones expired before {} would be deleted",
-                p.tombstones_to_purge,
+                "  purge             {} expired before {} would be deleted",
+                count(p.tombstones_to_purge, "tombstone", "tombstones"),
                 timestamp(p.purge_before)
             );
         }
@@ -338,14 +341,17 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
         .unwrap_or_default();
     let _ = writeln!(
         out,
-        "  outbox            {} pending{oldest}, {} dead letters, {} delivered",
-        o.counts.pending, o.counts.dead_letters, o.delivered
+        "  outbox            {} pending{oldest}, {}, {} delivered",
+        o.counts.pending,
+        count(o.counts.dead_letters, "dead letter", "dead letters"),
+        o.delivered
     );
     match (o.delete_before, o.events_to_delete) {
         (Some(before), Some(n)) => {
             let _ = writeln!(
                 out,
-                "  outbox retention  {n} events delivered before {} would be deleted",
+                "  outbox retention  {} delivered before {} would be deleted",
+                count(n, "event", "events"),
                 timestamp(before)
             );
         }
@@ -426,7 +432,7 @@ mod tests {
             "backlog left      7 rows (oldest overdue by 1h 1m 40s)",
             "purge             off",
             "outbox retention  4 events delivered before 2027-01-14T08:00:00.000Z \
-             deleted in 1 batches",
+             deleted in 1 batch\n",
         ] {
             assert!(text.contains(needle), "{needle:?} missing from\n{text}");
         }
