@@ -33,6 +33,8 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         return Ok(Exit::Usage);
     }
     if args.dry_run {
+        super::require_current_schema(&config.database, "cleanup-dry-run", "dry run failed")
+            .await?;
         let report = dry_run_with_purge(
             &config.database,
             &config.cleanup,
@@ -69,6 +71,11 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
             "a signal ends the run at once, without letting its batch finish"
         ),
     }
+    // Until the run holds the lease a signal ends the command at once, nothing done.
+    tokio::select! {
+        checked = super::require_current_schema(&config.database, "cleanup", "cleanup run failed") => checked?,
+        () = shutdown.cancelled() => return Ok(stopped_before_the_run()),
+    }
     // The run gives its batch in flight STOP_GRACE after a signal, then records itself; on a
     // database that answers nothing even that is bounded here, so a stop always ends the command.
     let run = run_leased(
@@ -104,10 +111,7 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
             ));
             return Ok(Exit::TempFail);
         }
-        LeasedRun::Stopped => {
-            super::say("stopped by a signal before the run began; nothing was done");
-            return Ok(Exit::Interrupted);
-        }
+        LeasedRun::Stopped => return Ok(stopped_before_the_run()),
     };
     if args.json {
         stdout::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
@@ -115,6 +119,11 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         stdout::print(&render_run(&report))?;
     }
     Ok(Exit::Success)
+}
+
+fn stopped_before_the_run() -> Exit {
+    super::say("stopped by a signal before the run began; nothing was done");
+    Exit::Interrupted
 }
 
 fn secs(d: Duration) -> String {

@@ -275,6 +275,24 @@ pub(crate) fn count(n: impl std::fmt::Display, one: &str, many: &str) -> String 
     format!("{n} {noun}")
 }
 
+/// Connects and refuses a schema that is not this binary's (migrations pending, unknown or
+/// diverging) with the line `serve` gives (exit 69), before a command's first statement would fail
+/// on a missing table. Failing to connect or to read the history gets `context`, the command's.
+async fn require_current_schema(
+    db: &crate::config::DatabaseConfig,
+    purpose: &'static str,
+    context: &'static str,
+) -> anyhow::Result<()> {
+    let session = db::connect(db, purpose).await.context(context)?;
+    let status = migrations::status(&session.conn(), None)
+        .await
+        .context(context)?;
+    match status.problem() {
+        Some(problem) => Err(migrations::SchemaNotCurrent(problem).into()),
+        None => Ok(()),
+    }
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

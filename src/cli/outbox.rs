@@ -73,6 +73,17 @@ pub enum OutboxCommand {
 
 /// Runs one `tombstoned outbox` command.
 pub(super) async fn run(config: &Config, command: &OutboxCommand) -> anyhow::Result<Exit> {
+    // A schema not current is exit 69, as for serve (a delivery run checks once its
+    // configuration is known good).
+    let context = match command {
+        OutboxCommand::Deliver { dry_run: false, .. } => None,
+        OutboxCommand::Deliver { .. } => Some("outbox dry run failed"),
+        OutboxCommand::List { .. } => Some("cannot list the outbox"),
+        OutboxCommand::Requeue { .. } => Some("cannot requeue dead letters"),
+    };
+    if let Some(context) = context {
+        super::require_current_schema(&config.database, "outbox-admin", context).await?;
+    }
     match command {
         OutboxCommand::Deliver {
             max_events,
@@ -167,6 +178,8 @@ pub(super) fn check_line(config: &Config) -> anyhow::Result<String> {
 async fn deliver(config: &Config, max_events: Option<u64>, json: bool) -> anyhow::Result<Exit> {
     let relay = Relay::new(&config.database, &config.outbox, "outbox-deliver", None)
         .context("cannot start the outbox relay")?;
+    super::require_current_schema(&config.database, "outbox-deliver", "outbox delivery failed")
+        .await?;
     let shutdown = CancellationToken::new();
     let signals = match GracefulStop::install() {
         Ok(signals) => Some(signals.spawn(
