@@ -11,6 +11,15 @@ fn readme() -> String {
     std::fs::read_to_string(repo_root().join("README.md")).unwrap()
 }
 
+/// The text after the heading (or other text) `title`, up to the next heading (`##` or deeper).
+fn section<'a>(text: &'a str, title: &str) -> &'a str {
+    let after = text
+        .split(title)
+        .nth(1)
+        .unwrap_or_else(|| panic!("README has no {title:?}"));
+    after.split("\n##").next().unwrap_or_default()
+}
+
 #[test]
 fn the_configuration_table_has_a_row_for_every_key_of_the_shipped_configuration() {
     let text = std::fs::read_to_string(repo_root().join("config/tombstoned.toml")).unwrap();
@@ -64,11 +73,10 @@ fn install_sources(line: &str) -> Vec<&str> {
 #[test]
 fn installing_without_the_package_copies_files_that_exist() {
     let text = readme();
-    let section = text
-        .split("Installing without the package")
+    let script = section(&text, "Installing without the package")
+        .split("```sh")
         .nth(1)
-        .expect("the section exists");
-    let script = section.split("```sh").nth(1).unwrap_or_default();
+        .unwrap_or_default();
     let script = script.split("```").next().unwrap_or_default();
     // Continuation lines joined: `install -D ... \` + `    /usr/local/...`.
     let script = script.replace("\\\n", " ");
@@ -98,11 +106,7 @@ fn installing_without_the_package_copies_files_that_exist() {
 #[test]
 fn every_bullet_of_what_the_unit_does_ends_its_sentence() {
     let text = readme();
-    let section = text
-        .split("### What the unit does and why")
-        .nth(1)
-        .expect("the section exists");
-    let section = section.split("\n#").next().unwrap_or_default();
+    let section = section(&text, "### What the unit does and why");
     let bullets: Vec<&str> = section.split("\n- ").skip(1).map(str::trim).collect();
     assert!(bullets.len() >= 5, "{section}");
     for bullet in bullets {

@@ -368,35 +368,16 @@ async fn constraints_reject_what_the_protocol_forbids() {
     assert_eq!(err.code(), Some(&SqlState::CHECK_VIOLATION));
 }
 
-#[tokio::test]
-async fn serve_refuses_to_start_while_migrations_are_pending() {
-    let db = TestDb::empty().await;
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(binary())
-            .arg("serve")
-            .env_clear()
-            .env("TOMBSTONED_DATABASE_URL", &db.url)
-            .env("TOMBSTONED_API__ENABLED", "false")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(69), "{stderr}");
-    assert!(stderr.contains("run `tombstoned migrate`"), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
-}
-
-/// Every command that needs the schema answers an unmigrated one as `serve` and `status` do: exit
-/// 69 and one line naming the pending migrations, not 70 and the first statement's 42P01 (the
-/// cleanup timer can fire before `migrate` ran; issue 27 item 2).
+/// `serve` refuses to start while migrations are pending, and every other command that needs the
+/// schema answers the same: exit 69 and one line naming the pending migrations, not 70 and the
+/// first statement's 42P01 (the cleanup timer can fire before `migrate` ran; issue 27 item 2).
 #[tokio::test]
 async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
     let db = TestDb::empty().await;
     let secret = crate::outbox_support::secret_file();
     let secret_file = secret.1.display().to_string();
     let commands: &[&[&str]] = &[
+        &["serve"],
         &["status"],
         &["cleanup"],
         &["cleanup", "--json"],
@@ -422,6 +403,7 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
                 .args(*args)
                 .env_clear()
                 .env("TOMBSTONED_DATABASE_URL", &url)
+                .env("TOMBSTONED_API__ENABLED", "false")
                 .env("TOMBSTONED_OUTBOX__ENDPOINT", "http://127.0.0.1:1/in")
                 .env("TOMBSTONED_OUTBOX__SECRET_FILE", &secret_file)
                 .output()
