@@ -58,7 +58,8 @@ pub struct Backlog {
 /// as of the last VACUUM or ANALYZE): counting them would read whole indexes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RecordEstimates {
-    /// Entries of `idempotency_records_due_idx` (`WHERE NOT expired`); `None`: never analysed.
+    /// Entries of `idempotency_records_due_idx` (`WHERE NOT expired`); `None`: the table was
+    /// never analysed (nor vacuumed).
     pub live_estimate: Option<i64>,
     /// Entries of `idempotency_records_purge_idx` (`WHERE expired`); `None`: never analysed.
     pub tombstones_estimate: Option<i64>,
@@ -154,11 +155,23 @@ SELECT count(*), min(replay_deadline), now()
 FROM {schema}.idempotency_records
 WHERE NOT expired AND replay_deadline <= now()";
 
+    /// Each partial index's `reltuples`, and whether its table was ever analysed or vacuumed:
+    /// an index built on the empty table says 0, not -1, until then. Never analysed: the
+    /// table's `reltuples` is -1 (PostgreSQL 14 on), or it has no pages recorded and no
+    /// VACUUM or ANALYZE in its statistics.
     pub(super) const INDEX_ESTIMATES: &str = "\
-SELECT c.relname::text, c.reltuples::bigint
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT i.relname::text, i.reltuples::bigint,
+       t.reltuples >= 0
+       AND NOT (t.relpages = 0
+                AND coalesce(s.last_vacuum, s.last_autovacuum,
+                             s.last_analyze, s.last_autoanalyze) IS NULL)
+FROM pg_class i
+JOIN pg_namespace n ON n.oid = i.relnamespace
+JOIN pg_index x ON x.indexrelid = i.oid
+JOIN pg_class t ON t.oid = x.indrelid
+LEFT JOIN pg_stat_all_tables s ON s.relid = t.oid
 WHERE n.nspname = $1
-  AND c.relname IN ('idempotency_records_due_idx', 'idempotency_records_purge_idx')";
+  AND i.relname IN ('idempotency_records_due_idx', 'idempotency_records_purge_idx')";
 
     pub(super) const REPLICATION_VISIBLE: &str = "\
 SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')
@@ -257,8 +270,9 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
     {
         let name: String = row.try_get(0).map_err(read_error("the index statistics"))?;
         let tuples: i64 = row.try_get(1).map_err(read_error("the index statistics"))?;
-        // -1: never vacuumed or analysed, so unknown.
-        let estimate = (tuples >= 0).then_some(tuples);
+        let analysed: Option<bool> = row.try_get(2).map_err(read_error("the index statistics"))?;
+        // -1, or a table never vacuumed or analysed: unknown.
+        let estimate = (tuples >= 0 && analysed == Some(true)).then_some(tuples);
         match name.as_str() {
             "idempotency_records_due_idx" => records.live_estimate = estimate,
             _ => records.tombstones_estimate = estimate,

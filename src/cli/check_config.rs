@@ -8,7 +8,8 @@ use crate::db;
 use crate::exit::Exit;
 use crate::stdout;
 
-/// Prints the validated configuration; loading it was the check.
+/// Prints the validated configuration; loading it, the tokens file and the webhook secret was
+/// the check.
 pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     let mut out = String::new();
     let origin = config
@@ -20,8 +21,10 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     let _ = writeln!(out, "configuration OK ({origin})");
     let _ = writeln!(
         out,
-        "database: {} (schema {}, pool {} connections)",
-        config.database.url, config.database.schema, config.database.pool_size
+        "database: {} (schema {}, pool {})",
+        config.database.url,
+        config.database.schema,
+        super::count(config.database.pool_size, "connection", "connections")
     );
     for line in db::connection_summary(&config.database) {
         let _ = writeln!(out, "database {line}");
@@ -87,21 +90,23 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     let _ = writeln!(
         out,
         "cleanup lease: lasts {} from each renewal (2 x statement_timeout + \
-         pause_between_batches + 30s); history keeps {} runs",
+         pause_between_batches + 30s); history keeps {}",
         humantime::format_duration(crate::cleanup::lease_ttl(c)),
-        c.history_runs,
+        super::count(c.history_runs, "run", "runs"),
     );
-    let _ = writeln!(
-        out,
-        "api: {} on {}; metrics on {}",
-        if config.api.enabled {
-            "enabled"
-        } else {
-            "disabled"
-        },
-        config.api.listen,
-        config.metrics.listen
-    );
+    // The tokens file as `serve` reads it (only with the API on): refused the same way, exit 64.
+    let api = if config.api.enabled {
+        let tokens = crate::auth::TokenSet::load(&config.api.tokens_file)?;
+        format!(
+            "enabled on {} ({} in {})",
+            config.api.listen,
+            super::count(tokens.len(), "token", "tokens"),
+            config.api.tokens_file.display()
+        )
+    } else {
+        format!("disabled on {}", config.api.listen)
+    };
+    let _ = writeln!(out, "api: {api}; metrics on {}", config.metrics.listen);
     let _ = writeln!(out, "outbox: {}", super::outbox::check_line(config)?);
     let now = chrono::Utc::now();
     let _ = writeln!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use super::CleanupArgs;
+use super::{count, CleanupArgs};
 use crate::cleanup::{
     dry_run_with_purge, run_leased, DryRunReport, LeasedRun, ReplicaPreview, RunLimits, RunReport,
     STOP_GRACE,
@@ -33,6 +33,8 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         return Ok(Exit::Usage);
     }
     if args.dry_run {
+        super::require_current_schema(&config.database, "cleanup-dry-run", "dry run failed")
+            .await?;
         let report = dry_run_with_purge(
             &config.database,
             &config.cleanup,
@@ -69,6 +71,11 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
             "a signal ends the run at once, without letting its batch finish"
         ),
     }
+    // Until the run holds the lease a signal ends the command at once, nothing done.
+    tokio::select! {
+        checked = super::require_current_schema(&config.database, "cleanup", "cleanup run failed") => checked?,
+        () = shutdown.cancelled() => return Ok(stopped_before_the_run()),
+    }
     // The run gives its batch in flight STOP_GRACE after a signal, then records itself; on a
     // database that answers nothing even that is bounded here, so a stop always ends the command.
     let run = run_leased(
@@ -104,10 +111,7 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
             ));
             return Ok(Exit::TempFail);
         }
-        LeasedRun::Stopped => {
-            super::say("stopped by a signal before the run began; nothing was done");
-            return Ok(Exit::Interrupted);
-        }
+        LeasedRun::Stopped => return Ok(stopped_before_the_run()),
     };
     if args.json {
         stdout::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
@@ -115,6 +119,11 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         stdout::print(&render_run(&report))?;
     }
     Ok(Exit::Success)
+}
+
+fn stopped_before_the_run() -> Exit {
+    super::say("stopped by a signal before the run began; nothing was done");
+    Exit::Interrupted
 }
 
 fn secs(d: Duration) -> String {
@@ -186,22 +195,23 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         (n, Some(a)) => {
             let _ = writeln!(
                 out,
-                "  backlog left      {n} rows (oldest overdue by {})",
+                "  backlog left      {} (oldest overdue by {})",
+                count(n, "row", "rows"),
                 age(a)
             );
         }
         (n, None) => {
-            let _ = writeln!(out, "  backlog left      {n} rows");
+            let _ = writeln!(out, "  backlog left      {}", count(n, "row", "rows"));
         }
     }
     match r.purge_before {
         Some(before) => {
             let _ = writeln!(
                 out,
-                "  purge             {} tombstones expired before {} deleted in {} batches",
-                r.tombstones_purged,
+                "  purge             {} expired before {} deleted in {}",
+                count(r.tombstones_purged, "tombstone", "tombstones"),
                 timestamp(before),
-                r.purge_batches
+                count(r.purge_batches, "batch", "batches")
             );
         }
         None => {
@@ -212,10 +222,10 @@ pub(crate) fn render_run(r: &RunReport) -> String {
         Some(before) => {
             let _ = writeln!(
                 out,
-                "  outbox retention  {} events delivered before {} deleted in {} batches",
-                r.outbox_events_deleted,
+                "  outbox retention  {} delivered before {} deleted in {}",
+                count(r.outbox_events_deleted, "event", "events"),
                 timestamp(before),
-                r.outbox_batches
+                count(r.outbox_batches, "batch", "batches")
             );
         }
         None => {
@@ -288,8 +298,10 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
     );
     let _ = writeln!(
         out,
-        "  rows due          {} ({} batches of {})",
-        r.rows_due, r.batches_needed, r.batch_size
+        "  rows due          {} ({} of {})",
+        r.rows_due,
+        count(r.batches_needed, "batch", "batches"),
+        r.batch_size
     );
     if let (Some(deadline), Some(overdue)) = (r.oldest_due_deadline, r.oldest_due_overdue) {
         let _ = writeln!(
@@ -321,8 +333,8 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
         Some(p) => {
             let _ = writeln!(
                 out,
-                "  purge             {} tombstones expired before {} would be deleted",
-                p.tombstones_to_purge,
+                "  purge             {} expired before {} would be deleted",
+                count(p.tombstones_to_purge, "tombstone", "tombstones"),
                 timestamp(p.purge_before)
             );
         }
@@ -338,14 +350,17 @@ pub(crate) fn render_dry_run(r: &DryRunReport) -> String {
         .unwrap_or_default();
     let _ = writeln!(
         out,
-        "  outbox            {} pending{oldest}, {} dead letters, {} delivered",
-        o.counts.pending, o.counts.dead_letters, o.delivered
+        "  outbox            {} pending{oldest}, {}, {} delivered",
+        o.counts.pending,
+        count(o.counts.dead_letters, "dead letter", "dead letters"),
+        o.delivered
     );
     match (o.delete_before, o.events_to_delete) {
         (Some(before), Some(n)) => {
             let _ = writeln!(
                 out,
-                "  outbox retention  {n} events delivered before {} would be deleted",
+                "  outbox retention  {} delivered before {} would be deleted",
+                count(n, "event", "events"),
                 timestamp(before)
             );
         }
@@ -426,7 +441,7 @@ mod tests {
             "backlog left      7 rows (oldest overdue by 1h 1m 40s)",
             "purge             off",
             "outbox retention  4 events delivered before 2027-01-14T08:00:00.000Z \
-             deleted in 1 batches",
+             deleted in 1 batch\n",
         ] {
             assert!(text.contains(needle), "{needle:?} missing from\n{text}");
         }

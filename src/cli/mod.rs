@@ -268,6 +268,31 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
     Exit::Software
 }
 
+/// `n` and the noun that agrees with it: "1 batch", "0 batches", "2 batches".
+pub(crate) fn count(n: impl std::fmt::Display, one: &str, many: &str) -> String {
+    let n = n.to_string();
+    let noun = if n == "1" { one } else { many };
+    format!("{n} {noun}")
+}
+
+/// Connects and refuses a schema that is not this binary's (migrations pending, unknown or
+/// diverging) with the line `serve` gives (exit 69), before a command's first statement would fail
+/// on a missing table. Failing to connect or to read the history gets `context`, the command's.
+async fn require_current_schema(
+    db: &crate::config::DatabaseConfig,
+    purpose: &'static str,
+    context: &'static str,
+) -> anyhow::Result<()> {
+    let session = db::connect(db, purpose).await.context(context)?;
+    let status = migrations::status(&session.conn(), None)
+        .await
+        .context(context)?;
+    match status.problem() {
+        Some(problem) => Err(migrations::SchemaNotCurrent(problem).into()),
+        None => Ok(()),
+    }
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -318,6 +343,18 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn counts_agree_with_their_noun() {
+        assert_eq!(count(0_u64, "batch", "batches"), "0 batches");
+        assert_eq!(count(1_i64, "batch", "batches"), "1 batch");
+        assert_eq!(count(2_usize, "batch", "batches"), "2 batches");
+        assert_eq!(
+            count(11_u32, "dead letter", "dead letters"),
+            "11 dead letters"
+        );
+        assert_eq!(count(-1_i64, "row", "rows"), "-1 rows");
+    }
 
     #[test]
     fn cli_definition_is_consistent() {

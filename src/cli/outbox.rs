@@ -15,6 +15,7 @@ use clap::Subcommand;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::count;
 use crate::config::Config;
 use crate::db;
 use crate::exit::Exit;
@@ -72,6 +73,17 @@ pub enum OutboxCommand {
 
 /// Runs one `tombstoned outbox` command.
 pub(super) async fn run(config: &Config, command: &OutboxCommand) -> anyhow::Result<Exit> {
+    // A schema not current is exit 69, as for serve (a delivery run checks once its
+    // configuration is known good).
+    let context = match command {
+        OutboxCommand::Deliver { dry_run: false, .. } => None,
+        OutboxCommand::Deliver { .. } => Some("outbox dry run failed"),
+        OutboxCommand::List { .. } => Some("cannot list the outbox"),
+        OutboxCommand::Requeue { .. } => Some("cannot requeue dead letters"),
+    };
+    if let Some(context) = context {
+        super::require_current_schema(&config.database, "outbox-admin", context).await?;
+    }
     match command {
         OutboxCommand::Deliver {
             max_events,
@@ -166,6 +178,8 @@ pub(super) fn check_line(config: &Config) -> anyhow::Result<String> {
 async fn deliver(config: &Config, max_events: Option<u64>, json: bool) -> anyhow::Result<Exit> {
     let relay = Relay::new(&config.database, &config.outbox, "outbox-deliver", None)
         .context("cannot start the outbox relay")?;
+    super::require_current_schema(&config.database, "outbox-deliver", "outbox delivery failed")
+        .await?;
     let shutdown = CancellationToken::new();
     let signals = match GracefulStop::install() {
         Ok(signals) => Some(signals.spawn(
@@ -212,8 +226,10 @@ fn counts_line(c: &OutboxCounts) -> String {
         .map(|_| format!(", oldest {} old", age(c.oldest_pending_age)))
         .unwrap_or_default();
     format!(
-        "{} pending ({} in flight{oldest}), {} dead letters",
-        c.pending, c.in_flight, c.dead_letters
+        "{} pending ({} in flight{oldest}), {}",
+        c.pending,
+        c.in_flight,
+        count(c.dead_letters, "dead letter", "dead letters")
     )
 }
 
@@ -241,7 +257,8 @@ pub(crate) fn render_report(r: &PassReport, endpoint: &str) -> String {
     let attempted = r.picked - r.released;
     let _ = writeln!(
         out,
-        "outbox delivery to {endpoint}: {attempted} events attempted"
+        "outbox delivery to {endpoint}: {} attempted",
+        count(attempted, "event", "events")
     );
     let _ = writeln!(out, "  delivered         {}", r.delivered);
     let timeouts = if r.timeouts > 0 {
@@ -280,7 +297,11 @@ pub(crate) fn render_preview(p: &DeliveryPreview, limit: u32, config: &Config) -
         config.outbox.endpoint_display()
     );
     let _ = writeln!(out, "  outbox          {}", counts_line(&p.counts));
-    let _ = writeln!(out, "  would send      {} events now", p.would_send.len());
+    let _ = writeln!(
+        out,
+        "  would send      {} now",
+        count(p.would_send.len(), "event", "events")
+    );
     for e in &p.would_send {
         let _ = writeln!(out, "{}", event_line(e));
     }
@@ -303,11 +324,11 @@ pub(crate) fn render_list(
     let mut out = String::new();
     let _ = writeln!(out, "outbox: {}", counts_line(counts));
     let what = if dead_letters_only {
-        "dead letters"
+        count(events.len(), "dead letter", "dead letters")
     } else {
-        "undelivered events"
+        count(events.len(), "undelivered event", "undelivered events")
     };
-    let _ = writeln!(out, "{} {what}, oldest first:", events.len());
+    let _ = writeln!(out, "{what}, oldest first:");
     for e in events {
         let _ = writeln!(out, "{}", event_line(e));
     }
@@ -322,8 +343,8 @@ pub(crate) fn render_requeue(r: &RequeueReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "requeued {} dead letters (due now, attempts from 0)",
-        r.requeued.len()
+        "requeued {} (due now, attempts from 0)",
+        count(r.requeued.len(), "dead letter", "dead letters")
     );
     for id in &r.requeued {
         let _ = writeln!(out, "  requeued         {id}");
@@ -369,6 +390,37 @@ mod tests {
     }
 
     #[test]
+    fn one_of_a_kind_is_singular() {
+        let one = PassReport {
+            picked: 1,
+            delivered: 1,
+            ..PassReport::default()
+        };
+        let text = render_report(&one, "https://h/in");
+        assert!(
+            text.starts_with("outbox delivery to https://h/in: 1 event attempted\n"),
+            "{text}"
+        );
+        let counts = OutboxCounts {
+            dead_letters: 1,
+            ..OutboxCounts::default()
+        };
+        let text = render_list(&counts, &[], true, 100);
+        assert!(
+            text.starts_with("outbox: 0 pending (0 in flight), 1 dead letter\n"),
+            "{text}"
+        );
+        let text = render_requeue(&RequeueReport {
+            requeued: vec![Uuid::from_u128(7)],
+            not_dead_letters: Vec::new(),
+        });
+        assert!(
+            text.starts_with("requeued 1 dead letter (due now, attempts from 0)\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn listing_shows_state_attempts_and_the_last_error() {
         let t = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
         let e = EventSummary {
@@ -398,7 +450,10 @@ mod tests {
             requeued: vec![Uuid::from_u128(7)],
             not_dead_letters: vec![Uuid::from_u128(9)],
         });
-        assert!(requeue.contains("requeued 1 dead letters"), "{requeue}");
+        assert!(
+            requeue.contains("requeued 1 dead letter (due now"),
+            "{requeue}"
+        );
         assert!(requeue.contains("not a dead letter 00000000"), "{requeue}");
     }
 }

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::StatusArgs;
+use super::{count, StatusArgs};
 use crate::cleanup::RecordedRun;
 use crate::config::Config;
 use crate::exit::Exit;
@@ -23,7 +23,7 @@ struct Document<'a> {
     report: &'a StatusReport,
     /// `--max-age` in seconds, if given.
     max_age_seconds: Option<f64>,
-    /// `ok`, or `stale` (with `--max-age` only).
+    /// `ok` or `stale` with `--max-age`; `not_checked` without it.
     health: &'static str,
     /// Why it is stale.
     problem: Option<String>,
@@ -35,7 +35,11 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<Ex
         .await
         .context("cannot read the status")?;
     let problem = args.max_age.and_then(|max_age| report.stale(max_age));
-    let health = if problem.is_some() { "stale" } else { "ok" };
+    let health = match (args.max_age, &problem) {
+        (None, _) => "not_checked",
+        (Some(_), Some(_)) => "stale",
+        (Some(_), None) => "ok",
+    };
     if args.json {
         let document = Document {
             report: &report,
@@ -114,10 +118,10 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
     let last = match &r.last_success {
         None => "none recorded".to_owned(),
         Some(s) => format!(
-            "{} ({}), {} rows tombstoned, {} purged, by {}",
+            "{} ({}), {} tombstoned, {} purged, by {}",
             timestamp(s.finished_at),
             age(s.finished_at),
-            s.rows_tombstoned,
+            count(s.rows_tombstoned, "row", "rows"),
             s.tombstones_purged,
             s.instance
         ),
@@ -127,8 +131,8 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
     let backlog = match r.backlog.oldest_due_deadline {
         None => "0 rows due".to_owned(),
         Some(oldest) => format!(
-            "{} rows due, the oldest since {} ({})",
-            r.backlog.due_rows,
+            "{} due, the oldest since {} ({})",
+            count(r.backlog.due_rows, "row", "rows"),
             timestamp(oldest),
             age(oldest)
         ),
@@ -136,11 +140,16 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
     let _ = writeln!(out, "backlog       {backlog}");
 
     let estimate = |e: Option<i64>| e.map_or("unknown".to_owned(), |n| format!("~{n}"));
+    let tombstones = r
+        .records
+        .tombstones_estimate
+        .map_or("unknown tombstones".to_owned(), |n| {
+            format!("~{}", count(n, "tombstone", "tombstones"))
+        });
     let _ = writeln!(
         out,
-        "records       {} live, {} tombstones (estimates as of the last ANALYZE)",
+        "records       {} live, {tombstones} (estimates as of the last ANALYZE)",
         estimate(r.records.live_estimate),
-        estimate(r.records.tombstones_estimate)
     );
 
     let replication = if !r.replication.visible {
@@ -170,11 +179,11 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
     let outbox = match &r.outbox {
         None => "not installed".to_owned(),
         Some(o) => format!(
-            "{} pending{}, {} dead letters",
+            "{} pending{}, {}",
             o.pending,
             o.oldest_pending_created_at
                 .map_or(String::new(), |t| format!(" (oldest created {})", age(t))),
-            o.dead_letters
+            count(o.dead_letters, "dead letter", "dead letters")
         ),
     };
     let _ = writeln!(out, "outbox        {outbox}");

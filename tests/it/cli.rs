@@ -266,3 +266,75 @@ async fn serve_with_an_unusable_tokens_file_exits_64() {
         "{stderr}"
     );
 }
+
+/// `tombstoned <command>` with only `env` set; no database is reached before the tokens file.
+fn tokens_run(command: &str, env: &[(&str, &str)]) -> Output {
+    Command::new(binary())
+        .arg(command)
+        .env_clear()
+        .env(
+            "TOMBSTONED_DATABASE_URL",
+            "postgresql://nobody@127.0.0.1:1/none",
+        )
+        .env("TOMBSTONED_API__LISTEN", "127.0.0.1:0")
+        .env("TOMBSTONED_METRICS__LISTEN", "127.0.0.2:0")
+        .envs(env.iter().copied())
+        .current_dir(repo_root())
+        .output()
+        .unwrap()
+}
+
+/// `check-config` reads the tokens file as `serve` does: a missing or broken one is the same
+/// line and exit 64 from both, not "configuration OK" then a failed start (issue 27 item 1).
+#[test]
+fn check_config_refuses_an_unusable_tokens_file_as_serve_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(&broken, "[[token]]\nsha256 = 3\n").unwrap();
+    let broken = broken.display().to_string();
+    for (file, expected) in [
+        (
+            "/nonexistent/tokens.toml",
+            "cannot read tokens file /nonexistent/tokens.toml: ",
+        ),
+        (broken.as_str(), "invalid tokens file "),
+    ] {
+        let env = [("TOMBSTONED_API__TOKENS_FILE", file)];
+        let checked = tokens_run("check-config", &env);
+        let served = tokens_run("serve", &env);
+        let stderr = String::from_utf8_lossy(&checked.stderr);
+        assert_eq!(checked.status.code(), Some(64), "{file}: {stderr}");
+        assert!(checked.stdout.is_empty(), "{file}");
+        assert!(
+            stderr.starts_with(&format!("tombstoned: error: {expected}")),
+            "{file}: {stderr}"
+        );
+        assert_eq!(served.status.code(), Some(64), "{file}");
+        assert_eq!(
+            stderr,
+            String::from_utf8_lossy(&served.stderr),
+            "{file}: the same line as serve's"
+        );
+    }
+
+    // A good file: counted; with the API off neither command reads it.
+    let good = tokens_run(
+        "check-config",
+        &[("TOMBSTONED_API__TOKENS_FILE", "config/tokens.toml")],
+    );
+    let stdout = String::from_utf8_lossy(&good.stdout);
+    assert_eq!(good.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("api: enabled on 127.0.0.1:0 (4 tokens in config/tokens.toml); "),
+        "{stdout}"
+    );
+    let off = tokens_run(
+        "check-config",
+        &[
+            ("TOMBSTONED_API__TOKENS_FILE", "/nonexistent/tokens.toml"),
+            ("TOMBSTONED_API__ENABLED", "false"),
+        ],
+    );
+    assert_eq!(off.status.code(), Some(0), "{off:?}");
+    assert!(String::from_utf8_lossy(&off.stdout).contains("api: disabled on 127.0.0.1:0; "));
+}

@@ -22,6 +22,11 @@ fn check_config(config: &str, env: &[(&str, &str)]) -> (Option<i32>, String, Str
         .arg(&path)
         .arg("check-config")
         .env_clear()
+        // Read by check-config as by serve (the API is on by default).
+        .env(
+            "TOMBSTONED_API__TOKENS_FILE",
+            crate::ops_support::repo_root().join("config/tokens.toml"),
+        )
         .envs(env.iter().copied())
         .output()
         .unwrap();

@@ -213,7 +213,12 @@ pub async fn run_binary(args: &[&str], url: &str, env: &[(&str, &str)]) -> Run {
         .env("HOME", home.path())
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("TOMBSTONED_DATABASE_URL", url)
-        .env("TOMBSTONED_DATABASE__CONNECT_TIMEOUT", "5s");
+        .env("TOMBSTONED_DATABASE__CONNECT_TIMEOUT", "5s")
+        // check-config and serve read it (the API is on by default).
+        .env(
+            "TOMBSTONED_API__TOKENS_FILE",
+            crate::ops_support::repo_root().join("config/tokens.toml"),
+        );
     for (k, v) in env {
         command.env(k, v);
     }

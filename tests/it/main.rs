@@ -34,6 +34,7 @@ mod pooler_support;
 mod prometheus;
 mod protocol_paths;
 mod readiness;
+mod readme_docs;
 mod replay_locks;
 mod scheduler;
 mod schema;

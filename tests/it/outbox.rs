@@ -298,7 +298,7 @@ async fn failures_retry_with_growing_delays_and_permanent_refusals_dead_letter_u
     let listed = cli(&db, &["outbox", "list", "--dead-letters"], &[]).await;
     assert!(listed.status.success(), "{}", stderr(&listed));
     let text = stdout(&listed);
-    assert!(text.contains("1 dead letters"), "{text}");
+    assert!(text.contains("1 dead letter, oldest first:"), "{text}");
     assert!(
         text.contains(&format!(
             "{refused}  order.created  seq 1  dead_letter  attempts 3"
@@ -315,7 +315,7 @@ async fn failures_retry_with_growing_delays_and_permanent_refusals_dead_letter_u
     )
     .await;
     assert!(requeued.status.success(), "{}", stderr(&requeued));
-    assert!(stdout(&requeued).contains("requeued 1 dead letters"));
+    assert!(stdout(&requeued).contains("requeued 1 dead letter (due now"));
     let done = wait_record(&client, refused, |r| r.delivered).await;
     assert_eq!(done.attempts, 1, "attempts count from zero after a requeue");
     assert_eq!(receiver.arrivals_of(refused).len(), 4);

@@ -368,24 +368,76 @@ async fn constraints_reject_what_the_protocol_forbids() {
     assert_eq!(err.code(), Some(&SqlState::CHECK_VIOLATION));
 }
 
+/// `serve` refuses to start while migrations are pending, and every other command that needs the
+/// schema answers the same: exit 69 and one line naming the pending migrations, not 70 and the
+/// first statement's 42P01 (the cleanup timer can fire before `migrate` ran; issue 27 item 2).
 #[tokio::test]
-async fn serve_refuses_to_start_while_migrations_are_pending() {
+async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
     let db = TestDb::empty().await;
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(binary())
-            .arg("serve")
-            .env_clear()
-            .env("TOMBSTONED_DATABASE_URL", &db.url)
-            .env("TOMBSTONED_API__ENABLED", "false")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(69), "{stderr}");
-    assert!(stderr.contains("run `tombstoned migrate`"), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    let secret = crate::outbox_support::secret_file();
+    let secret_file = secret.1.display().to_string();
+    let commands: &[&[&str]] = &[
+        &["serve"],
+        &["status"],
+        &["cleanup"],
+        &["cleanup", "--json"],
+        &["cleanup", "--dry-run"],
+        &["cleanup", "--dry-run", "--json"],
+        &["outbox", "deliver"],
+        &["outbox", "deliver", "--dry-run"],
+        &["outbox", "list"],
+        &["outbox", "list", "--dead-letters", "--json"],
+        &["outbox", "requeue", "--all-dead-letters"],
+        &[
+            "outbox",
+            "requeue",
+            "--event",
+            "01a23a59-d631-7782-8794-18478aec6c70",
+        ],
+    ];
+    for args in commands {
+        let url = db.url.clone();
+        let secret_file = secret_file.clone();
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(binary())
+                .args(*args)
+                .env_clear()
+                .env("TOMBSTONED_DATABASE_URL", &url)
+                .env("TOMBSTONED_API__ENABLED", "false")
+                .env("TOMBSTONED_OUTBOX__ENDPOINT", "http://127.0.0.1:1/in")
+                .env("TOMBSTONED_OUTBOX__SECRET_FILE", &secret_file)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(69), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "{args:?}: one line: {stderr}"
+        );
+        assert!(
+            stderr.contains("4 migration(s) pending (V1__")
+                && stderr.contains("run `tombstoned migrate` first"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("42P01"), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+    // Nothing was created on the way.
+    let tables: i64 = db
+        .client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'tombstoned'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0);
 }
 
 #[tokio::test]

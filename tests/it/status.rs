@@ -110,6 +110,13 @@ async fn max_age_exits_2_when_the_last_success_is_too_old_or_missing() {
     assert!(stdout(&none).contains("STALE: no successful cleanup run is recorded"));
     let unchecked = tombstoned(&db.url, &["status"]).await;
     assert_eq!(unchecked.status.code(), Some(0));
+    // Without --max-age nothing was checked: JSON says so, as the text does (issue 27).
+    let unchecked = tombstoned(&db.url, &["status", "--json"]).await;
+    assert_eq!(unchecked.status.code(), Some(0));
+    let doc: Value = serde_json::from_slice(&unchecked.stdout).unwrap();
+    assert_eq!(doc["health"], "not_checked", "{doc}");
+    assert_eq!(doc["max_age_seconds"], Value::Null, "{doc}");
+    assert_eq!(doc["problem"], Value::Null, "{doc}");
 
     seed_live(&observer, "age", 5, DUE).await;
     let ran = tombstoned(&db.url, &["cleanup"]).await;
@@ -157,4 +164,41 @@ async fn an_unreachable_database_exits_69_with_one_line() {
         "{stderr}"
     );
     assert!(out.stdout.is_empty());
+}
+
+/// Before the first ANALYZE the record estimates are "unknown", not `~0`: on a fresh schema
+/// with rows the partial indexes' `reltuples` is 0, not -1, so that is decided from whether the
+/// table was ever analysed or vacuumed (issue 27 item 4). After an ANALYZE they are figures.
+#[tokio::test]
+async fn record_estimates_are_unknown_until_the_first_analyze() {
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    seed_live(&observer, "est", 40, NOT_DUE).await;
+    seed_tombstones(&observer, "est-gone", 10, DUE).await;
+
+    let text = tombstoned(&db.url, &["status"]).await;
+    assert_eq!(text.status.code(), Some(0), "{text:?}");
+    let out = stdout(&text);
+    assert!(
+        out.contains("records       unknown live, unknown tombstones (estimates"),
+        "{out}"
+    );
+    let json = tombstoned(&db.url, &["status", "--json"]).await;
+    let doc: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(doc["records"]["live_estimate"], Value::Null, "{doc}");
+    assert_eq!(doc["records"]["tombstones_estimate"], Value::Null, "{doc}");
+
+    observer
+        .batch_execute("ANALYZE tombstoned.idempotency_records")
+        .await
+        .unwrap();
+    let json = tombstoned(&db.url, &["status", "--json"]).await;
+    let doc: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(doc["records"]["live_estimate"], 40, "{doc}");
+    assert_eq!(doc["records"]["tombstones_estimate"], 10, "{doc}");
+    let out = stdout(&tombstoned(&db.url, &["status"]).await);
+    assert!(
+        out.contains("records       ~40 live, ~10 tombstones (estimates"),
+        "{out}"
+    );
 }

@@ -1,0 +1,118 @@
+//! What README.md states about the repository holds (issue 27 item 9): the configuration table
+//! has a row for every key of `config/tombstoned.toml`, every file "Installing without the
+//! package" copies from the checkout exists, and no bullet of "What the unit does and why" stops
+//! mid-sentence.
+
+use std::path::Path;
+
+use crate::ops_support::repo_root;
+
+fn readme() -> String {
+    std::fs::read_to_string(repo_root().join("README.md")).unwrap()
+}
+
+/// The text after the heading (or other text) `title`, up to the next heading (`##` or deeper).
+fn section<'a>(text: &'a str, title: &str) -> &'a str {
+    let after = text
+        .split(title)
+        .nth(1)
+        .unwrap_or_else(|| panic!("README has no {title:?}"));
+    after.split("\n##").next().unwrap_or_default()
+}
+
+#[test]
+fn the_configuration_table_has_a_row_for_every_key_of_the_shipped_configuration() {
+    let text = std::fs::read_to_string(repo_root().join("config/tombstoned.toml")).unwrap();
+    let config: toml::Table = text.parse().unwrap();
+    let rows: Vec<String> = readme()
+        .lines()
+        .filter(|line| line.starts_with("| `"))
+        .map(|line| line.split(" | ").next().unwrap_or_default().to_owned())
+        .collect();
+    let mut missing = Vec::new();
+    for (section, keys) in &config {
+        let keys = keys.as_table().unwrap_or_else(|| panic!("[{section}]"));
+        for key in keys.keys() {
+            let name = format!("`{section}.{key}`");
+            if !rows.iter().any(|row| row.contains(&name)) {
+                missing.push(name);
+            }
+        }
+    }
+    assert!(missing.is_empty(), "no README table row for {missing:?}");
+}
+
+/// The sources of one `install` command line (its options and destination left out).
+fn install_sources(line: &str) -> Vec<&str> {
+    let line = line.split(" #").next().unwrap_or_default();
+    let mut words = line.split_whitespace().skip(1);
+    let (mut args, mut target_dir, mut directory) = (Vec::new(), false, false);
+    while let Some(word) = words.next() {
+        match word {
+            "-m" | "-o" | "-g" => {
+                words.next();
+            }
+            "-t" => {
+                words.next();
+                target_dir = true;
+            }
+            "-d" => directory = true,
+            "-D" | "\\" => {}
+            _ => args.push(word),
+        }
+    }
+    if directory {
+        return Vec::new();
+    }
+    if !target_dir {
+        args.pop();
+    }
+    args
+}
+
+#[test]
+fn installing_without_the_package_copies_files_that_exist() {
+    let text = readme();
+    let script = section(&text, "Installing without the package")
+        .split("```sh")
+        .nth(1)
+        .unwrap_or_default();
+    let script = script.split("```").next().unwrap_or_default();
+    // Continuation lines joined: `install -D ... \` + `    /usr/local/...`.
+    let script = script.replace("\\\n", " ");
+    let mut checked = 0;
+    for line in script.lines().filter(|l| l.starts_with("install ")) {
+        for source in install_sources(line) {
+            // Built by the line before, not in the checkout.
+            if source.starts_with("target/") {
+                continue;
+            }
+            let found = match source.strip_suffix("*.8") {
+                Some(dir) => std::fs::read_dir(repo_root().join(dir))
+                    .map(|mut d| d.next().is_some())
+                    .unwrap_or(false),
+                None => Path::new(&repo_root().join(source)).is_file(),
+            };
+            assert!(
+                found,
+                "README installs {source:?}, which the repository lacks: {line}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5, "{checked} sources found in:\n{script}");
+}
+
+#[test]
+fn every_bullet_of_what_the_unit_does_ends_its_sentence() {
+    let text = readme();
+    let section = section(&text, "### What the unit does and why");
+    let bullets: Vec<&str> = section.split("\n- ").skip(1).map(str::trim).collect();
+    assert!(bullets.len() >= 5, "{section}");
+    for bullet in bullets {
+        assert!(
+            bullet.ends_with('.') || bullet.ends_with(".)"),
+            "a bullet stops mid-sentence: {bullet:?}"
+        );
+    }
+}
