@@ -1608,3 +1608,38 @@ async fn migrate_installs_the_sql_api_as_an_unprivileged_database_owner() {
     let e = c.batch_execute("COMMIT").await.unwrap_err();
     assert_eq!(sqlstate(&e), "TS003", "{e}");
 }
+
+/// `lookup` in a read-only transaction (what a standby gives) answers without taking a lock; in
+/// a read-write one it share-locks a replayable record like `claim`. `claim` itself needs a
+/// writable transaction (25006).
+#[tokio::test]
+async fn lookup_reads_without_a_lock_in_a_read_only_transaction() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    let svc = Service::create(&db).await;
+    let c = &svc.client;
+    let first = create_payment(c, "ro", 3).await;
+    let fp = fingerprint(c, &intent_of("ro", 3)).await;
+    // A writer of the record's non-key columns, as a cleanup batch is: it waits for a share
+    // lock, and a short lock_timeout turns that wait into 55P03.
+    let write = "SET lock_timeout = '200ms';
+                 UPDATE idempotency_records SET replay_deadline = replay_deadline
+                 WHERE idempotency_key = 'ro'";
+    for (begin, locks) in [("BEGIN READ ONLY", false), ("BEGIN", true)] {
+        c.batch_execute(begin).await.unwrap();
+        let answer = lookup(c, "ro", &fp).await.unwrap().unwrap();
+        assert_eq!(answer.outcome, "replay", "{begin}");
+        assert_eq!(answer.response_body.as_deref(), Some(first.as_str()));
+        let written = admin.batch_execute(write).await;
+        match (locks, written) {
+            (false, Ok(())) => {}
+            (true, Err(e)) => assert_eq!(sqlstate(&e), "55P03", "{e}"),
+            (locks, other) => panic!("{begin}: lock held {locks}, the writer got {other:?}"),
+        }
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    c.batch_execute("BEGIN READ ONLY").await.unwrap();
+    let e = claim(c, "ro-new", &fp, "1 hour", "2 s").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "25006", "{e}");
+    c.batch_execute("ROLLBACK").await.unwrap();
+}
