@@ -371,6 +371,15 @@ SELECT set_config('lock_timeout', $1, true),
 /// serialised by the row lock and the second re-checks the first's expiry on the row's newest
 /// version: exactly one wins.
 ///
+/// The dead-session test applies only to a lease last taken or renewed before this transaction
+/// began (`renewed_at < now()`). `pg_stat_activity` is read once per transaction, at its first
+/// use — possibly before this statement waited on the row lock (PostgreSQL 18 plans it so) —
+/// and a holder that took the lease while we waited may have connected after that read: its
+/// pid would be missing from our copy, and the live holder would look dead (the test
+/// `of_concurrent_takers_exactly_one_wins` saw three winners that way). A holder whose last take
+/// or renewal precedes our transaction's start had its session before our read, so for it the
+/// test is sound; a younger one is left to its expiry.
+///
 /// A take-over's instants are `clock_timestamp()` once the row is locked, not `now()`: the
 /// statement may have waited for the previous holder's last transaction (the one that released
 /// the lease and recorded its run), and `now()` — this transaction's start — would then date the
@@ -394,7 +403,8 @@ SET holder = excluded.holder,
                t.taken, t.taken + $3::bigint * interval '1 millisecond'
         FROM (SELECT clock_timestamp() AS taken) AS t)
 WHERE l.expires_at <= now() OR l.holder = excluded.holder
-   OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid)
+   OR (l.renewed_at < now()
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid))
 RETURNING acquired_at, expires_at";
 
 /// Renews the lease `$1` of holder `$2` until now + `$3` ms, or fails with SQLSTATE TS001
