@@ -338,3 +338,58 @@ fn check_config_refuses_an_unusable_tokens_file_as_serve_does() {
     assert_eq!(off.status.code(), Some(0), "{off:?}");
     assert!(String::from_utf8_lossy(&off.stdout).contains("api: disabled on 127.0.0.1:0; "));
 }
+
+/// The database URL: any variable wins over the file (TOMBSTONED_DATABASE_URL, then
+/// TOMBSTONED_DATABASE__URL, then DATABASE_URL), and `check-config` says where it came from;
+/// README's check-config sample shows the line the shipped configuration gives (issue 27 item 3).
+#[test]
+fn check_config_says_where_the_database_url_came_from() {
+    let run = |env: &[(&str, &str)]| {
+        let out = Command::new(binary())
+            .args(["--config", "config/tombstoned.toml", "check-config"])
+            .env_clear()
+            .envs(env.iter().copied())
+            .current_dir(repo_root())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{env:?}: {out:?}");
+        stdout
+            .lines()
+            .find(|l| l.starts_with("database: "))
+            .unwrap_or_else(|| panic!("{env:?}: no database line in {stdout}"))
+            .to_owned()
+    };
+    let rest = "; schema tombstoned, pool 16 connections)";
+    let from_file = run(&[]);
+    assert_eq!(
+        from_file,
+        format!(
+            "database: postgresql://tombstoned@localhost/app (from the file's database.url{rest}"
+        )
+    );
+    let generic = ("DATABASE_URL", "postgresql://generic@h/db");
+    assert_eq!(
+        run(&[generic]),
+        format!("database: postgresql://generic@h/db (from DATABASE_URL{rest}"),
+        "DATABASE_URL wins over the shipped file's database.url"
+    );
+    let sectioned = ("TOMBSTONED_DATABASE__URL", "postgresql://sectioned@h/db");
+    assert_eq!(
+        run(&[generic, sectioned]),
+        format!("database: postgresql://sectioned@h/db (from TOMBSTONED_DATABASE__URL{rest}")
+    );
+    assert_eq!(
+        run(&[
+            generic,
+            sectioned,
+            ("TOMBSTONED_DATABASE_URL", "postgresql://specific@h/db")
+        ]),
+        format!("database: postgresql://specific@h/db (from TOMBSTONED_DATABASE_URL{rest}")
+    );
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("\n{from_file}\n")),
+        "README's check-config sample lacks {from_file:?}"
+    );
+}
