@@ -393,3 +393,27 @@ fn check_config_says_where_the_database_url_came_from() {
         "README's check-config sample lacks {from_file:?}"
     );
 }
+
+/// `outbox requeue` without a target names both ways to give one, `--event` and
+/// `--all-dead-letters`, and still refuses both at once (exit 64, a usage error; issue 27).
+#[test]
+fn outbox_requeue_without_a_target_names_both_options() {
+    let run = |args: &[&str]| {
+        Command::new(binary())
+            .args(["outbox", "requeue"])
+            .args(args)
+            .env_clear()
+            .output()
+            .unwrap()
+    };
+    let none = run(&[]);
+    let stderr = String::from_utf8_lossy(&none.stderr);
+    assert_eq!(none.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("--event <EVENT_ID>"), "{stderr}");
+    assert!(stderr.contains("--all-dead-letters"), "{stderr}");
+    let id = "00000000-0000-0000-0000-000000000007";
+    let both = run(&["--event", id, "--all-dead-letters"]);
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert_eq!(both.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
