@@ -417,3 +417,41 @@ fn outbox_requeue_without_a_target_names_both_options() {
     assert_eq!(both.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("cannot be used with"), "{stderr}");
 }
+
+/// `migrate` on a current schema: PostgreSQL's NOTICEs ("schema ... already exists, skipping")
+/// are logged at DEBUG, not INFO, and a JSON line carries no source path of the build machine
+/// (the driver's own `log` record did, through the log bridge) (issue 27, friction).
+#[tokio::test]
+async fn migrate_logs_server_notices_at_debug_without_a_source_path() {
+    use crate::conn_support::run_binary;
+    let db = TestDb::new().await;
+    let json = ["--log-format", "json", "migrate"];
+    let first = run_binary(&json, &db.url, &[]).await;
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    let at_info = run_binary(&json, &db.url, &[]).await;
+    assert_eq!(at_info.code, Some(0), "{}", at_info.stderr);
+    assert!(
+        !at_info.stderr.contains("already exists"),
+        "a notice at INFO: {}",
+        at_info.stderr
+    );
+    let at_debug = run_binary(&json, &db.url, &[("RUST_LOG", "debug")]).await;
+    assert_eq!(at_debug.code, Some(0), "{}", at_debug.stderr);
+    let notices: Vec<serde_json::Value> = at_debug
+        .stderr
+        .lines()
+        .filter(|l| l.contains("already exists"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        !notices.is_empty(),
+        "no notice at DEBUG: {}",
+        at_debug.stderr
+    );
+    for notice in &notices {
+        assert_eq!(notice["level"], "DEBUG", "{notice}");
+        assert_eq!(notice["severity"], "NOTICE", "{notice}");
+        assert!(notice.get("log.file").is_none(), "{notice}");
+        assert!(!notice.to_string().contains(".cargo/registry"), "{notice}");
+    }
+}
