@@ -59,3 +59,43 @@ async fn a_reload_names_the_changed_settings_that_need_a_restart() {
     assert_eq!(warnings[0]["keys"], "database.pool_size", "{warnings:?}");
     stop(daemon).await;
 }
+
+/// A SIGHUP whose tokens file is broken: the ERROR, then a last line that says what was applied
+/// and what was not — not a plain "configuration reloaded" (issue 27, friction).
+#[tokio::test]
+async fn a_reload_with_a_broken_tokens_file_says_what_was_and_was_not_applied() {
+    let db = TestDb::new().await;
+    let daemon = json_daemon(&db).await;
+    daemon.rewrite_config("[cleanup]\nbatch_size = 7");
+    std::fs::write(&daemon.tokens_path, "[[token]]\nsha256 = 3\n").unwrap();
+    daemon.signal(Signal::SIGHUP);
+    daemon.wait_for_log(&["API reload failed"]).await;
+    let line = daemon.wait_for_log(&["configuration reloaded"]).await;
+    let entry: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["level"], "WARN", "{line}");
+    assert!(
+        entry["message"].as_str().unwrap().contains("in part"),
+        "{line}"
+    );
+    let applied = entry["applied"].as_str().unwrap_or_default();
+    assert!(applied.contains("cleanup"), "{line}");
+    let not_applied = entry["not_applied"].as_str().unwrap_or_default();
+    assert!(not_applied.contains("api."), "{line}");
+    assert!(not_applied.contains("tokens"), "{line}");
+    assert_eq!(daemon.ops_get("/readyz").await.status, 200);
+    stop(daemon).await;
+}
+
+/// A clean reload stays one INFO line, naming nothing left out.
+#[tokio::test]
+async fn a_clean_reload_is_one_info_line() {
+    let db = TestDb::new().await;
+    let daemon = json_daemon(&db).await;
+    daemon.rewrite_config("[cleanup]\nbatch_size = 7");
+    daemon.signal(Signal::SIGHUP);
+    let line = daemon.wait_for_log(&["configuration reloaded"]).await;
+    let entry: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["level"], "INFO", "{line}");
+    assert!(entry.get("not_applied").is_none(), "{line}");
+    stop(daemon).await;
+}
