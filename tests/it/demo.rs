@@ -147,4 +147,49 @@ async fn the_demo_without_postgresql_exits_69_saying_how_to_install_it() {
     );
     assert!(stderr.contains("apt-get install postgresql"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // It says exactly what was searched: with TOMBSTONED_PG_BIN set, that directory alone, not
+    // $PATH (issue 27 item 7).
+    assert!(
+        stderr.contains(
+            "(looked in TOMBSTONED_PG_BIN=/nonexistent only: no initdb, pg_ctl, postgres there;"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("looked in $TOMBSTONED_PG_BIN, $PATH"),
+        "{stderr}"
+    );
+}
+
+/// `demo --config PATH` is refused (exit 64), not accepted and ignored: the demo writes its own
+/// configuration around its throwaway cluster (issue 27 item 7). TOMBSTONED_CONFIG in the
+/// environment is not a request of this command line: the demo runs.
+#[tokio::test]
+async fn the_demo_refuses_a_config_flag() {
+    let output = tokio::task::spawn_blocking(|| {
+        demo_command()
+            .args(["--config", "/etc/tombstoned/tombstoned.toml"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.starts_with("tombstoned: demo takes no --config: it writes its own configuration"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty(), "{output:?}");
+    // Before the subcommand, the same.
+    let output = tokio::task::spawn_blocking(|| {
+        Command::new(binary())
+            .args(["--config", "x.toml", "demo"])
+            .env_clear()
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
 }
