@@ -1529,58 +1529,49 @@ mod tests {
 
     #[test]
     fn database_url_sources() {
+        use DatabaseUrlOrigin as O;
         let f = file("[database]\nurl = \"postgresql://file@h/db\"\n");
-        let load = |pairs: &[(&str, &str)]| {
-            Config::load_from(Some(f.path()), env(pairs), &[])
-                .unwrap()
-                .database
-                .url
-                .expose()
-                .to_owned()
-        };
-        let origin = |path: Option<&Path>, pairs: &[(&str, &str)]| {
-            Config::load_from(path, env(pairs), &[])
-                .unwrap()
-                .database_url_origin
-        };
-        assert_eq!(load(&[]), "postgresql://file@h/db");
-        assert_eq!(origin(Some(f.path()), &[]), DatabaseUrlOrigin::File);
-        // The environment wins over the file (twelve-factor), DATABASE_URL included.
-        let generic = [("DATABASE_URL", "postgresql://generic@h/db")];
-        assert_eq!(load(&generic), "postgresql://generic@h/db");
-        assert_eq!(
-            origin(Some(f.path()), &generic),
-            DatabaseUrlOrigin::DatabaseUrl
-        );
-        // A tombstoned-specific variable wins over the generic one.
-        let sectioned = [
-            ("DATABASE_URL", "postgresql://generic@h/db"),
-            ("TOMBSTONED_DATABASE__URL", "postgresql://sectioned@h/db"),
+        let no_url = file("[database]\nschema = \"t\"\n");
+        let generic = ("DATABASE_URL", "postgresql://generic@h/db");
+        let sectioned = ("TOMBSTONED_DATABASE__URL", "postgresql://sectioned@h/db");
+        let specific = ("TOMBSTONED_DATABASE_URL", "postgresql://specific@h/db");
+        // Highest first: TOMBSTONED_DATABASE_URL, TOMBSTONED_DATABASE__URL, DATABASE_URL (the
+        // environment wins over the file, twelve-factor), the file, the default.
+        let default = DEFAULT_DATABASE_URL;
+        let cases: [(Option<&Path>, &[(&str, &str)], &str, O); 7] = [
+            (Some(f.path()), &[], "postgresql://file@h/db", O::File),
+            (
+                Some(f.path()),
+                &[generic],
+                "postgresql://generic@h/db",
+                O::DatabaseUrl,
+            ),
+            (
+                Some(f.path()),
+                &[generic, sectioned],
+                "postgresql://sectioned@h/db",
+                O::SectionVariable,
+            ),
+            (
+                Some(f.path()),
+                &[generic, sectioned, specific],
+                "postgresql://specific@h/db",
+                O::TombstonedDatabaseUrl,
+            ),
+            (
+                None,
+                &[generic],
+                "postgresql://generic@h/db",
+                O::DatabaseUrl,
+            ),
+            (None, &[], default, O::Default),
+            (Some(no_url.path()), &[], default, O::Default),
         ];
-        assert_eq!(load(&sectioned), "postgresql://sectioned@h/db");
-        assert_eq!(
-            origin(Some(f.path()), &sectioned),
-            DatabaseUrlOrigin::SectionVariable
-        );
-        let all = [
-            ("DATABASE_URL", "postgresql://generic@h/db"),
-            ("TOMBSTONED_DATABASE_URL", "postgresql://specific@h/db"),
-            ("TOMBSTONED_DATABASE__URL", "postgresql://sectioned@h/db"),
-        ];
-        assert_eq!(load(&all), "postgresql://specific@h/db");
-        assert_eq!(
-            origin(Some(f.path()), &all),
-            DatabaseUrlOrigin::TombstonedDatabaseUrl
-        );
-        let c = Config::load_from(None, env(&generic), &[]);
-        assert_eq!(
-            c.unwrap().database.url.expose(),
-            "postgresql://generic@h/db"
-        );
-        assert_eq!(origin(None, &[]), DatabaseUrlOrigin::Default);
-        // A file without database.url leaves the default.
-        let g = file("[database]\nschema = \"t\"\n");
-        assert_eq!(origin(Some(g.path()), &[]), DatabaseUrlOrigin::Default);
+        for (path, pairs, url, origin) in cases {
+            let c = Config::load_from(path, env(pairs), &[]).unwrap();
+            assert_eq!(c.database.url.expose(), url, "{path:?} {pairs:?}");
+            assert_eq!(c.database_url_origin, origin, "{path:?} {pairs:?}");
+        }
     }
 
     #[test]

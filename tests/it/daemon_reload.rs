@@ -17,6 +17,15 @@ async fn json_daemon(db: &TestDb) -> Daemon {
     .await
 }
 
+/// The reload's last line ("configuration reloaded", in full or in part; not the API's "API
+/// configuration reloaded"), parsed.
+async fn reloaded_entry(daemon: &Daemon) -> Value {
+    let line = daemon
+        .wait_for_log(&["configuration reloaded", r#""target":"tombstoned::daemon""#])
+        .await;
+    serde_json::from_str(&line).unwrap()
+}
+
 async fn stop(mut daemon: Daemon) {
     daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait_exit(PATIENCE).await.code(), Some(0));
@@ -47,7 +56,11 @@ async fn a_reload_names_the_changed_settings_that_need_a_restart() {
     let daemon = json_daemon(&db).await;
     daemon.rewrite_config("[database]\npool_size = 3\n[cleanup]\nbatch_size = 7");
     daemon.signal(Signal::SIGHUP);
-    daemon.wait_for_log(&["configuration reloaded"]).await;
+    let entry = reloaded_entry(&daemon).await;
+    assert_eq!(
+        entry["not_applied"], "database.pool_size (at the next restart)",
+        "{entry}"
+    );
     let warnings: Vec<Value> = daemon
         .log()
         .lines()
@@ -70,18 +83,13 @@ async fn a_reload_with_a_broken_tokens_file_says_what_was_and_was_not_applied() 
     std::fs::write(&daemon.tokens_path, "[[token]]\nsha256 = 3\n").unwrap();
     daemon.signal(Signal::SIGHUP);
     daemon.wait_for_log(&["API reload failed"]).await;
-    let line = daemon.wait_for_log(&["configuration reloaded"]).await;
-    let entry: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(entry["level"], "WARN", "{line}");
-    assert!(
-        entry["message"].as_str().unwrap().contains("in part"),
-        "{line}"
-    );
-    let applied = entry["applied"].as_str().unwrap_or_default();
-    assert!(applied.contains("cleanup"), "{line}");
-    let not_applied = entry["not_applied"].as_str().unwrap_or_default();
-    assert!(not_applied.contains("api."), "{line}");
-    assert!(not_applied.contains("tokens"), "{line}");
+    let entry = reloaded_entry(&daemon).await;
+    assert_eq!(entry["level"], "WARN", "{entry}");
+    let text = |key: &str| entry[key].as_str().unwrap_or_default().to_owned();
+    assert!(text("message").contains("in part"), "{entry}");
+    assert!(text("applied").contains("cleanup"), "{entry}");
+    assert!(text("not_applied").contains("api."), "{entry}");
+    assert!(text("not_applied").contains("tokens"), "{entry}");
     assert_eq!(daemon.ops_get("/readyz").await.status, 200);
     stop(daemon).await;
 }
@@ -93,9 +101,8 @@ async fn a_clean_reload_is_one_info_line() {
     let daemon = json_daemon(&db).await;
     daemon.rewrite_config("[cleanup]\nbatch_size = 7");
     daemon.signal(Signal::SIGHUP);
-    let line = daemon.wait_for_log(&["configuration reloaded"]).await;
-    let entry: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(entry["level"], "INFO", "{line}");
-    assert!(entry.get("not_applied").is_none(), "{line}");
+    let entry = reloaded_entry(&daemon).await;
+    assert_eq!(entry["level"], "INFO", "{entry}");
+    assert!(entry.get("not_applied").is_none(), "{entry}");
     stop(daemon).await;
 }

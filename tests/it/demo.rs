@@ -33,6 +33,13 @@ fn demo_command() -> Command {
     command
 }
 
+/// Runs `command` to its end off the async runtime.
+async fn output_of(mut command: Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
 /// Processes whose command line mentions `needle`.
 fn processes_mentioning(needle: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
@@ -128,14 +135,9 @@ async fn the_demo_tells_the_story_with_real_status_codes_and_leaves_nothing_behi
 
 #[tokio::test]
 async fn the_demo_without_postgresql_exits_69_saying_how_to_install_it() {
-    let output = tokio::task::spawn_blocking(|| {
-        demo_command()
-            .env("TOMBSTONED_PG_BIN", "/nonexistent")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut command = demo_command();
+    command.env("TOMBSTONED_PG_BIN", "/nonexistent");
+    let output = output_of(command).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(69), "{stderr}");
     assert!(
@@ -166,14 +168,9 @@ async fn the_demo_without_postgresql_exits_69_saying_how_to_install_it() {
 /// environment is not a request of this command line: the demo runs.
 #[tokio::test]
 async fn the_demo_refuses_a_config_flag() {
-    let output = tokio::task::spawn_blocking(|| {
-        demo_command()
-            .args(["--config", "/etc/tombstoned/tombstoned.toml"])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut flag_after = demo_command();
+    flag_after.args(["--config", "/etc/tombstoned/tombstoned.toml"]);
+    let output = output_of(flag_after).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(64), "{stderr}");
     assert!(
@@ -182,14 +179,8 @@ async fn the_demo_refuses_a_config_flag() {
     );
     assert!(output.stdout.is_empty(), "{output:?}");
     // Before the subcommand, the same.
-    let output = tokio::task::spawn_blocking(|| {
-        Command::new(binary())
-            .args(["--config", "x.toml", "demo"])
-            .env_clear()
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut flag_before = Command::new(binary());
+    flag_before.args(["--config", "x.toml", "demo"]).env_clear();
+    let output = output_of(flag_before).await;
     assert_eq!(output.status.code(), Some(64), "{output:?}");
 }
