@@ -1538,7 +1538,8 @@ mod tests {
         // Highest first: TOMBSTONED_DATABASE_URL, TOMBSTONED_DATABASE__URL, DATABASE_URL (the
         // environment wins over the file, twelve-factor), the file, the default.
         let default = DEFAULT_DATABASE_URL;
-        let cases: [(Option<&Path>, &[(&str, &str)], &str, O); 7] = [
+        type Case<'a> = (Option<&'a Path>, &'a [(&'a str, &'a str)], &'a str, O);
+        let cases: [Case; 7] = [
             (Some(f.path()), &[], "postgresql://file@h/db", O::File),
             (
                 Some(f.path()),
