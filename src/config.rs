@@ -3,8 +3,9 @@
 //!
 //! Precedence, highest first: command-line flag > environment > file > defaults. The environment
 //! names a key as `TOMBSTONED_<SECTION>__<KEY>` (e.g. `TOMBSTONED_CLEANUP__BATCH_SIZE=500`); the
-//! database URL may also come from `TOMBSTONED_DATABASE_URL` or, last, the conventional
-//! `DATABASE_URL`. Unknown keys, in the file or the environment, are errors that name the key.
+//! database URL, highest first: `TOMBSTONED_DATABASE_URL`, `TOMBSTONED_DATABASE__URL`, the
+//! conventional `DATABASE_URL`, the file's `database.url`, the default: any variable wins over the
+//! file. Unknown keys, in the file or the environment, are errors that name the key.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -138,6 +139,37 @@ pub struct Config {
     pub outbox: OutboxConfig,
     /// The file this was loaded from, if any.
     pub source: Option<PathBuf>,
+    /// Where `database.url` came from (`check-config` says it).
+    pub database_url_origin: DatabaseUrlOrigin,
+}
+
+/// Where `database.url` came from; the variants in precedence order, highest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DatabaseUrlOrigin {
+    /// `TOMBSTONED_DATABASE_URL`.
+    TombstonedDatabaseUrl,
+    /// `TOMBSTONED_DATABASE__URL`, the key's generic variable.
+    SectionVariable,
+    /// The conventional `DATABASE_URL`.
+    DatabaseUrl,
+    /// `database.url` in the configuration file.
+    File,
+    /// Nothing set one: the built-in default.
+    #[default]
+    Default,
+}
+
+impl DatabaseUrlOrigin {
+    /// How `check-config` names it: "from DATABASE_URL", "the built-in default", ...
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::TombstonedDatabaseUrl => "from TOMBSTONED_DATABASE_URL",
+            Self::SectionVariable => "from TOMBSTONED_DATABASE__URL",
+            Self::DatabaseUrl => "from DATABASE_URL",
+            Self::File => "from the file's database.url",
+            Self::Default => "the built-in default",
+        }
+    }
 }
 
 /// `[database]`: where the records live. Every key needs a restart: sessions and the pool are
@@ -669,7 +701,7 @@ impl Config {
                 None,
             ),
         };
-        apply_env(&mut table, env)?;
+        let database_url_origin = apply_env(&mut table, env)?;
         for o in overrides {
             section_mut(&mut table, o.section).insert(o.key.to_owned(), o.value.clone());
         }
@@ -697,6 +729,7 @@ impl Config {
             .unwrap_or_default();
         let mut config = validate(raw, &base_dir)?;
         config.source = path.map(Path::to_path_buf);
+        config.database_url_origin = database_url_origin;
         Ok(config)
     }
 
@@ -758,6 +791,7 @@ impl Config {
     pub fn reloaded(&self, new: Config) -> Config {
         Config {
             database: self.database.clone(),
+            database_url_origin: self.database_url_origin,
             api: ApiConfig {
                 enabled: self.api.enabled,
                 listen: self.api.listen,
@@ -787,11 +821,17 @@ fn section_mut<'t>(table: &'t mut toml::Table, section: &str) -> &'t mut toml::T
     }
 }
 
-/// Applies `TOMBSTONED_<SECTION>__<KEY>` and the database URL variables onto the file's table.
+/// Applies `TOMBSTONED_<SECTION>__<KEY>` and the database URL variables onto the file's table;
+/// answers where `database.url` now comes from.
 fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
+) -> Result<DatabaseUrlOrigin, ConfigError> {
+    let file_has_url = table
+        .get("database")
+        .and_then(|d| d.as_table())
+        .is_some_and(|d| d.contains_key("url"));
+    let mut section_url = false;
     let defaults = toml::Table::try_from(RawConfig::default()).map_err(|e| ConfigError::Parse {
         origin: "built-in defaults".into(),
         message: e.to_string(),
@@ -820,6 +860,7 @@ fn apply_env(
             continue; // TOMBSTONED_CONFIG, TOMBSTONED_PG_BIN, ... are not configuration keys
         };
         let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
+        section_url |= section == "database" && key == "url";
         let Some(default) = defaults
             .get(&section)
             .and_then(|s| s.as_table())
@@ -860,14 +901,22 @@ fn apply_env(
         section_mut(table, &section).insert(key, typed);
     }
     // TOMBSTONED_DATABASE__URL was applied above; TOMBSTONED_DATABASE_URL beats it, and the
-    // generic DATABASE_URL only fills in when nothing tombstoned-specific names a URL.
+    // generic DATABASE_URL beats the file (the environment wins over the file) but not a
+    // tombstoned-specific variable.
     let db = section_mut(table, "database");
-    if let Some(url) = database_url {
+    Ok(if let Some(url) = database_url {
         db.insert("url".into(), toml::Value::String(url));
+        DatabaseUrlOrigin::TombstonedDatabaseUrl
+    } else if section_url {
+        DatabaseUrlOrigin::SectionVariable
     } else if let Some(url) = generic_url {
-        db.entry("url").or_insert(toml::Value::String(url));
-    }
-    Ok(())
+        db.insert("url".into(), toml::Value::String(url));
+        DatabaseUrlOrigin::DatabaseUrl
+    } else if file_has_url {
+        DatabaseUrlOrigin::File
+    } else {
+        DatabaseUrlOrigin::Default
+    })
 }
 
 // ---- validation ----------------------------------------------------------------------------
@@ -1385,6 +1434,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         metrics,
         outbox,
         source: None,
+        database_url_origin: DatabaseUrlOrigin::Default,
     })
 }
 
@@ -1479,31 +1529,50 @@ mod tests {
 
     #[test]
     fn database_url_sources() {
+        use DatabaseUrlOrigin as O;
         let f = file("[database]\nurl = \"postgresql://file@h/db\"\n");
-        let load = |pairs: &[(&str, &str)]| {
-            Config::load_from(Some(f.path()), env(pairs), &[])
-                .unwrap()
-                .database
-                .url
-                .expose()
-                .to_owned()
-        };
-        assert_eq!(load(&[]), "postgresql://file@h/db");
-        assert_eq!(
-            load(&[("DATABASE_URL", "postgresql://generic@h/db")]),
-            "postgresql://file@h/db",
-            "DATABASE_URL only fills in"
-        );
-        assert_eq!(
-            load(&[
-                ("DATABASE_URL", "postgresql://generic@h/db"),
-                ("TOMBSTONED_DATABASE_URL", "postgresql://specific@h/db"),
-                ("TOMBSTONED_DATABASE__URL", "postgresql://sectioned@h/db"),
-            ]),
-            "postgresql://specific@h/db"
-        );
-        let c = Config::load_from(None, env(&[("DATABASE_URL", "postgresql://g@h/db")]), &[]);
-        assert_eq!(c.unwrap().database.url.expose(), "postgresql://g@h/db");
+        let no_url = file("[database]\nschema = \"t\"\n");
+        let generic = ("DATABASE_URL", "postgresql://generic@h/db");
+        let sectioned = ("TOMBSTONED_DATABASE__URL", "postgresql://sectioned@h/db");
+        let specific = ("TOMBSTONED_DATABASE_URL", "postgresql://specific@h/db");
+        // Highest first: TOMBSTONED_DATABASE_URL, TOMBSTONED_DATABASE__URL, DATABASE_URL (the
+        // environment wins over the file, twelve-factor), the file, the default.
+        let default = DEFAULT_DATABASE_URL;
+        type Case<'a> = (Option<&'a Path>, &'a [(&'a str, &'a str)], &'a str, O);
+        let cases: [Case; 7] = [
+            (Some(f.path()), &[], "postgresql://file@h/db", O::File),
+            (
+                Some(f.path()),
+                &[generic],
+                "postgresql://generic@h/db",
+                O::DatabaseUrl,
+            ),
+            (
+                Some(f.path()),
+                &[generic, sectioned],
+                "postgresql://sectioned@h/db",
+                O::SectionVariable,
+            ),
+            (
+                Some(f.path()),
+                &[generic, sectioned, specific],
+                "postgresql://specific@h/db",
+                O::TombstonedDatabaseUrl,
+            ),
+            (
+                None,
+                &[generic],
+                "postgresql://generic@h/db",
+                O::DatabaseUrl,
+            ),
+            (None, &[], default, O::Default),
+            (Some(no_url.path()), &[], default, O::Default),
+        ];
+        for (path, pairs, url, origin) in cases {
+            let c = Config::load_from(path, env(pairs), &[]).unwrap();
+            assert_eq!(c.database.url.expose(), url, "{path:?} {pairs:?}");
+            assert_eq!(c.database_url_origin, origin, "{path:?} {pairs:?}");
+        }
     }
 
     #[test]
@@ -1826,6 +1895,7 @@ mod tests {
         let from_file = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap();
         let from_file = Config {
             source: None,
+            database_url_origin: DatabaseUrlOrigin::Default,
             api: ApiConfig {
                 tokens_file: PathBuf::from("tokens.toml"),
                 ..from_file.api

@@ -379,15 +379,43 @@ fn reload(
     }
     // What can change safely is applied; the rest keeps its running value until restart.
     let applied = Arc::new(current.reloaded(new));
-    if let Some(api) = api {
-        if let Err(e) = api.reload(&applied) {
+    // The API takes its settings all at once, with the tokens file: when that cannot be loaded,
+    // none of them change, while the scheduler's below still do.
+    let api_kept = match api.map(|api| api.reload(&applied)) {
+        Some(Err(e)) => {
             tracing::error!(
                 error = %db::error_text(&e),
                 "API reload failed; the previous tokens stay in force"
             );
+            true
         }
-    }
+        Some(Ok(())) | None => false,
+    };
     config_tx.send_replace(applied.clone());
-    tracing::info!(elapsed = ?started.elapsed(), "configuration reloaded");
+    let mut not_applied: Vec<String> = needs_restart
+        .iter()
+        .map(|key| format!("{key} (at the next restart)"))
+        .collect();
+    if api_kept {
+        not_applied.push(
+            "the API's settings (its tokens, api.*, retention.replay_window for new claims): \
+             the previous ones stay in force until a reload loads the tokens file"
+                .to_owned(),
+        );
+        tracing::warn!(
+            applied = "cleanup.* and retention.* for the next cleanup run",
+            not_applied = %not_applied.join("; "),
+            elapsed = ?started.elapsed(),
+            "configuration reloaded in part: the API keeps its previous tokens and settings"
+        );
+    } else if not_applied.is_empty() {
+        tracing::info!(elapsed = ?started.elapsed(), "configuration reloaded");
+    } else {
+        tracing::info!(
+            not_applied = %not_applied.join("; "),
+            elapsed = ?started.elapsed(),
+            "configuration reloaded"
+        );
+    }
     applied
 }

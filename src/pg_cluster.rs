@@ -22,12 +22,15 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 pub enum ClusterError {
     /// No directory with `initdb`, `pg_ctl` and `postgres` was found.
     #[error(
-        "PostgreSQL server binaries not found (looked in $TOMBSTONED_PG_BIN, $PATH and \
-         /usr/lib/postgresql/*/bin); install them, e.g. `apt-get install postgresql` on Debian \
-         or Ubuntu, `dnf install postgresql-server` on Fedora, `brew install postgresql` on \
-         macOS, or point TOMBSTONED_PG_BIN at the directory holding initdb"
+        "PostgreSQL server binaries not found (looked in {searched}); install them, e.g. \
+         `apt-get install postgresql` on Debian or Ubuntu, `dnf install postgresql-server` on \
+         Fedora, `brew install postgresql` on macOS, or point TOMBSTONED_PG_BIN at the \
+         directory holding initdb"
     )]
-    BinariesNotFound,
+    BinariesNotFound {
+        /// Exactly where it looked, and what it missed there.
+        searched: String,
+    },
     /// Running as root, but no unprivileged account to run the server as.
     #[error("running as root and no `postgres` or `nobody` user exists to own the cluster")]
     NoUnprivilegedUser,
@@ -69,7 +72,19 @@ pub fn find_bin_dir() -> Result<PathBuf, ClusterError> {
         return if has_server(&dir) {
             Ok(dir)
         } else {
-            Err(ClusterError::BinariesNotFound)
+            // Set, it is the only place searched: say so, and what it lacks.
+            let missing: Vec<&str> = ["initdb", "pg_ctl", "postgres"]
+                .into_iter()
+                .filter(|b| !dir.join(b).is_file())
+                .collect();
+            Err(ClusterError::BinariesNotFound {
+                searched: format!(
+                    "TOMBSTONED_PG_BIN={} only: no {} there; when it is unset, $PATH and \
+                     /usr/lib/postgresql/*/bin are searched",
+                    dir.display(),
+                    missing.join(", ")
+                ),
+            })
         };
     }
     if let Some(path) = std::env::var_os("PATH") {
@@ -97,7 +112,10 @@ pub fn find_bin_dir() -> Result<PathBuf, ClusterError> {
     versioned
         .pop()
         .map(|(_, dir)| dir)
-        .ok_or(ClusterError::BinariesNotFound)
+        .ok_or_else(|| ClusterError::BinariesNotFound {
+            searched: "$PATH and /usr/lib/postgresql/*/bin; TOMBSTONED_PG_BIN is not set"
+                .to_owned(),
+        })
 }
 
 /// A running throwaway cluster. Dropping it stops the server and deletes its directory.
@@ -153,7 +171,11 @@ impl ThrowawayCluster {
                 Err(e) => return Err(e),
             }
         }
-        Err(last_error.unwrap_or(ClusterError::BinariesNotFound))
+        Err(
+            last_error.unwrap_or_else(|| ClusterError::BinariesNotFound {
+                searched: bin_dir.display().to_string(),
+            }),
+        )
     }
 
     fn try_start(bin_dir: &Path, options: &ClusterOptions) -> Result<Self, ClusterError> {

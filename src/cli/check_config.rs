@@ -21,8 +21,9 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     let _ = writeln!(out, "configuration OK ({origin})");
     let _ = writeln!(
         out,
-        "database: {} (schema {}, pool {})",
+        "database: {} ({}; schema {}, pool {})",
         config.database.url,
+        config.database_url_origin.describe(),
         config.database.schema,
         super::count(config.database.pool_size, "connection", "connections")
     );

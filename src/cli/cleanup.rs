@@ -22,7 +22,8 @@ use crate::stdout;
 ///
 /// A real run takes the single-runner lease first: when another instance (a daemon's scheduler
 /// or another `cleanup`) holds it, nothing is done and the exit status is 75 (EX_TEMPFAIL, "try
-/// again later"), so a timer-driven one-shot on an HA pair does not clean twice. SIGINT/SIGTERM
+/// again later"; `--json` prints `"outcome": "skipped_lease"` with the lease), so a timer-driven
+/// one-shot on an HA pair does not clean twice. SIGINT/SIGTERM
 /// let the current batch commit or roll back and end the run early (reported, exit 0); a second
 /// signal exits at once (130) — the open batch, if any, rolls back with the connection. A signal
 /// before the run holds the lease (still connecting, say to a database that does not answer)
@@ -102,6 +103,7 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         LeasedRun::Ran(report) => report,
         LeasedRun::Skipped(state) => {
             let by = state
+                .as_ref()
                 .map(|s| format!(" by {} until {}", s.holder, timestamp(s.expires_at)))
                 .unwrap_or_default();
             super::say(&format!(
@@ -109,6 +111,15 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
                  nothing was done",
                 config.database.schema
             ));
+            if args.json {
+                // Every outcome --json documents gets an object, this one too (exit 75 stays).
+                let skipped = serde_json::json!({
+                    "outcome": crate::cleanup::RunOutcome::SkippedLease,
+                    "schema": config.database.schema,
+                    "lease": state,
+                });
+                stdout::print(&format!("{}\n", serde_json::to_string_pretty(&skipped)?))?;
+            }
             return Ok(Exit::TempFail);
         }
         LeasedRun::Stopped => return Ok(stopped_before_the_run()),

@@ -292,7 +292,9 @@ fn main_page(commands: &[String]) -> Extra {
         ),
         (
             "TOMBSTONED_DATABASE_URL, DATABASE_URL",
-            "The database URL (the first one set wins over database.url of the file).",
+            "The database URL, highest first: TOMBSTONED_DATABASE_URL, \
+             TOMBSTONED_DATABASE__URL, DATABASE_URL, database.url of the file, the default; \
+             any of the variables wins over the file. check-config says which one applied.",
         ),
         (
             "TOMBSTONED_<SECTION>__<KEY>",

@@ -33,6 +33,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "TOMBSTONED_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
 
+    /// Whether `--config` was on the command line (not from TOMBSTONED_CONFIG): the demo
+    /// refuses it.
+    #[arg(skip)]
+    pub config_on_command_line: bool,
+
     /// Log line format on stderr. The level comes from RUST_LOG (default: info).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -130,7 +135,15 @@ pub struct DemoArgs {
 
 /// Parses the process arguments, runs the command, and returns the exit status.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = <Cli as clap::CommandFactory>::command()
+        .try_get_matches()
+        .and_then(|matches| {
+            let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
+            cli.config_on_command_line =
+                matches.value_source("config") == Some(clap::parser::ValueSource::CommandLine);
+            Ok(cli)
+        });
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -261,7 +274,8 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
             return Exit::Usage;
         }
         #[cfg(feature = "demo")]
-        if let Some(crate::pg_cluster::ClusterError::BinariesNotFound) = cause.downcast_ref() {
+        if let Some(crate::pg_cluster::ClusterError::BinariesNotFound { .. }) = cause.downcast_ref()
+        {
             return Exit::Unavailable;
         }
     }
@@ -322,7 +336,16 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     }
     #[cfg(feature = "demo")]
     if let Command::Demo(args) = cli.command {
-        // The demo makes its own configuration around a throwaway cluster.
+        // The demo makes its own configuration around a throwaway cluster: a --config would be
+        // ignored, so it is refused (TOMBSTONED_CONFIG, set for other commands, is not asked of
+        // this command line).
+        if cli.config_on_command_line {
+            say(
+                "demo takes no --config: it writes its own configuration around a throwaway \
+                 cluster (its `config` line names the file); run the other commands with yours",
+            );
+            return Ok(Exit::Usage);
+        }
         return runtime()?.block_on(demo::run(args));
     }
     let config = Config::load(cli.config.as_deref(), &overrides)?;
@@ -501,7 +524,9 @@ mod tests {
             cases.extend([
                 (
                     "no PostgreSQL binaries",
-                    anyhow::Error::from(ClusterError::BinariesNotFound),
+                    anyhow::Error::from(ClusterError::BinariesNotFound {
+                        searched: "$PATH".to_owned(),
+                    }),
                     Exit::Unavailable,
                 ),
                 (

@@ -56,12 +56,14 @@ pub enum OutboxCommand {
         json: bool,
     },
     /// Put dead letters back into delivery (due now, attempts counted from zero).
+    // One of the two is required, and a usage error names both (a group, not
+    // required_unless_present, which names only --event).
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["events", "all_dead_letters"])))]
     Requeue {
         /// A dead letter's event id (the webhook-id); repeat for several.
         #[arg(
             long = "event",
             value_name = "EVENT_ID",
-            required_unless_present = "all_dead_letters",
             conflicts_with = "all_dead_letters"
         )]
         events: Vec<Uuid>,

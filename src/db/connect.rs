@@ -653,12 +653,36 @@ where
             why: "the server does not support SSL",
         });
     }
-    let task = tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "database connection ended");
-        }
-    });
+    let task = tokio::spawn(drive(connection));
     Ok((client, task))
+}
+
+/// Drives a connection until it ends. The server's notices ("schema ... already exists,
+/// skipping") are logged here at DEBUG: awaiting the connection itself would have the driver log
+/// them at INFO, through the `log` bridge, with its source file's path on the build machine.
+async fn drive<S, T>(mut connection: tokio_postgres::Connection<S, T>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    use futures::StreamExt as _;
+    let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+    while let Some(message) = messages.next().await {
+        match message {
+            Ok(tokio_postgres::AsyncMessage::Notice(notice)) => tracing::debug!(
+                severity = notice.severity(),
+                code = notice.code().code(),
+                "server notice: {}",
+                notice.message()
+            ),
+            // Notifications: nothing here LISTENs.
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "database connection ended");
+                break;
+            }
+        }
+    }
 }
 
 /// Aborts the connection task unless the session is handed out.

@@ -906,6 +906,33 @@ async fn cli_run_prints_its_report_and_respects_the_lease() {
         .unwrap();
     assert_eq!(held.status.code(), Some(75), "{held:?}");
     assert!(String::from_utf8_lossy(&held.stderr).contains("holds the cleanup lease"));
+    assert!(held.stdout.is_empty(), "{held:?}");
+    // --json answers this outcome too (issue 27): the same exit and stderr line, and an object.
+    let held_json = tokio::process::Command::new(binary())
+        .args(["cleanup", "--json"])
+        .env("TOMBSTONED_DATABASE_URL", &db.url)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(held_json.status.code(), Some(75), "{held_json:?}");
+    let lease_line = |stderr: &[u8]| {
+        String::from_utf8_lossy(stderr)
+            .lines()
+            .filter(|l| l.starts_with("tombstoned: ") && l.contains("holds the cleanup lease"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(lease_line(&held_json.stderr), lease_line(&held.stderr));
+    assert_eq!(lease_line(&held.stderr).len(), 1, "{held:?}");
+    let skipped: serde_json::Value =
+        serde_json::from_slice(&held_json.stdout).unwrap_or_else(|e| panic!("{e}: {held_json:?}"));
+    assert_eq!(skipped["outcome"], "skipped_lease", "{skipped}");
+    assert_eq!(skipped["schema"], SCHEMA, "{skipped}");
+    assert_eq!(
+        skipped["lease"]["holder"], "other-host:4242:0badcafe",
+        "{skipped}"
+    );
+    assert_eq!(skipped["lease"]["held"], true, "{skipped}");
     assert_eq!(counts(&client).await.0, 0);
     assert!(lease
         .release(&tombstoned::db::Conn::dedicated(

@@ -338,3 +338,120 @@ fn check_config_refuses_an_unusable_tokens_file_as_serve_does() {
     assert_eq!(off.status.code(), Some(0), "{off:?}");
     assert!(String::from_utf8_lossy(&off.stdout).contains("api: disabled on 127.0.0.1:0; "));
 }
+
+/// The database URL: any variable wins over the file (TOMBSTONED_DATABASE_URL, then
+/// TOMBSTONED_DATABASE__URL, then DATABASE_URL), and `check-config` says where it came from;
+/// README's check-config sample shows the line the shipped configuration gives (issue 27 item 3).
+#[test]
+fn check_config_says_where_the_database_url_came_from() {
+    let run = |env: &[(&str, &str)]| {
+        let out = Command::new(binary())
+            .args(["--config", "config/tombstoned.toml", "check-config"])
+            .env_clear()
+            .envs(env.iter().copied())
+            .current_dir(repo_root())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{env:?}: {out:?}");
+        stdout
+            .lines()
+            .find(|l| l.starts_with("database: "))
+            .unwrap_or_else(|| panic!("{env:?}: no database line in {stdout}"))
+            .to_owned()
+    };
+    let rest = "; schema tombstoned, pool 16 connections)";
+    let from_file = run(&[]);
+    assert_eq!(
+        from_file,
+        format!(
+            "database: postgresql://tombstoned@localhost/app (from the file's database.url{rest}"
+        )
+    );
+    let generic = ("DATABASE_URL", "postgresql://generic@h/db");
+    assert_eq!(
+        run(&[generic]),
+        format!("database: postgresql://generic@h/db (from DATABASE_URL{rest}"),
+        "DATABASE_URL wins over the shipped file's database.url"
+    );
+    let sectioned = ("TOMBSTONED_DATABASE__URL", "postgresql://sectioned@h/db");
+    assert_eq!(
+        run(&[generic, sectioned]),
+        format!("database: postgresql://sectioned@h/db (from TOMBSTONED_DATABASE__URL{rest}")
+    );
+    assert_eq!(
+        run(&[
+            generic,
+            sectioned,
+            ("TOMBSTONED_DATABASE_URL", "postgresql://specific@h/db")
+        ]),
+        format!("database: postgresql://specific@h/db (from TOMBSTONED_DATABASE_URL{rest}")
+    );
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("\n{from_file}\n")),
+        "README's check-config sample lacks {from_file:?}"
+    );
+}
+
+/// `outbox requeue` without a target names both ways to give one, `--event` and
+/// `--all-dead-letters`, and still refuses both at once (exit 64, a usage error; issue 27).
+#[test]
+fn outbox_requeue_without_a_target_names_both_options() {
+    let run = |args: &[&str]| {
+        Command::new(binary())
+            .args(["outbox", "requeue"])
+            .args(args)
+            .env_clear()
+            .output()
+            .unwrap()
+    };
+    let none = run(&[]);
+    let stderr = String::from_utf8_lossy(&none.stderr);
+    assert_eq!(none.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("--event <EVENT_ID>"), "{stderr}");
+    assert!(stderr.contains("--all-dead-letters"), "{stderr}");
+    let id = "00000000-0000-0000-0000-000000000007";
+    let both = run(&["--event", id, "--all-dead-letters"]);
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert_eq!(both.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+/// `migrate` on a current schema: PostgreSQL's NOTICEs ("schema ... already exists, skipping")
+/// are logged at DEBUG, not INFO, and a JSON line carries no source path of the build machine
+/// (the driver's own `log` record did, through the log bridge) (issue 27, friction).
+#[tokio::test]
+async fn migrate_logs_server_notices_at_debug_without_a_source_path() {
+    use crate::conn_support::run_binary;
+    let db = TestDb::new().await;
+    let json = ["--log-format", "json", "migrate"];
+    let first = run_binary(&json, &db.url, &[]).await;
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    let at_info = run_binary(&json, &db.url, &[]).await;
+    assert_eq!(at_info.code, Some(0), "{}", at_info.stderr);
+    assert!(
+        !at_info.stderr.contains("already exists"),
+        "a notice at INFO: {}",
+        at_info.stderr
+    );
+    let at_debug = run_binary(&json, &db.url, &[("RUST_LOG", "debug")]).await;
+    assert_eq!(at_debug.code, Some(0), "{}", at_debug.stderr);
+    let notices: Vec<serde_json::Value> = at_debug
+        .stderr
+        .lines()
+        .filter(|l| l.contains("already exists"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        !notices.is_empty(),
+        "no notice at DEBUG: {}",
+        at_debug.stderr
+    );
+    for notice in &notices {
+        assert_eq!(notice["level"], "DEBUG", "{notice}");
+        assert_eq!(notice["severity"], "NOTICE", "{notice}");
+        assert!(notice.get("log.file").is_none(), "{notice}");
+        assert!(!notice.to_string().contains(".cargo/registry"), "{notice}");
+    }
+}

@@ -17,6 +17,15 @@ async fn json_daemon(db: &TestDb) -> Daemon {
     .await
 }
 
+/// The reload's last line ("configuration reloaded", in full or in part; not the API's "API
+/// configuration reloaded"), parsed.
+async fn reloaded_entry(daemon: &Daemon) -> Value {
+    let line = daemon
+        .wait_for_log(&["configuration reloaded", r#""target":"tombstoned::daemon""#])
+        .await;
+    serde_json::from_str(&line).unwrap()
+}
+
 async fn stop(mut daemon: Daemon) {
     daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait_exit(PATIENCE).await.code(), Some(0));
@@ -47,7 +56,11 @@ async fn a_reload_names_the_changed_settings_that_need_a_restart() {
     let daemon = json_daemon(&db).await;
     daemon.rewrite_config("[database]\npool_size = 3\n[cleanup]\nbatch_size = 7");
     daemon.signal(Signal::SIGHUP);
-    daemon.wait_for_log(&["configuration reloaded"]).await;
+    let entry = reloaded_entry(&daemon).await;
+    assert_eq!(
+        entry["not_applied"], "database.pool_size (at the next restart)",
+        "{entry}"
+    );
     let warnings: Vec<Value> = daemon
         .log()
         .lines()
@@ -57,5 +70,39 @@ async fn a_reload_names_the_changed_settings_that_need_a_restart() {
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert_eq!(warnings[0]["level"], "WARN");
     assert_eq!(warnings[0]["keys"], "database.pool_size", "{warnings:?}");
+    stop(daemon).await;
+}
+
+/// A SIGHUP whose tokens file is broken: the ERROR, then a last line that says what was applied
+/// and what was not — not a plain "configuration reloaded" (issue 27, friction).
+#[tokio::test]
+async fn a_reload_with_a_broken_tokens_file_says_what_was_and_was_not_applied() {
+    let db = TestDb::new().await;
+    let daemon = json_daemon(&db).await;
+    daemon.rewrite_config("[cleanup]\nbatch_size = 7");
+    std::fs::write(&daemon.tokens_path, "[[token]]\nsha256 = 3\n").unwrap();
+    daemon.signal(Signal::SIGHUP);
+    daemon.wait_for_log(&["API reload failed"]).await;
+    let entry = reloaded_entry(&daemon).await;
+    assert_eq!(entry["level"], "WARN", "{entry}");
+    let text = |key: &str| entry[key].as_str().unwrap_or_default().to_owned();
+    assert!(text("message").contains("in part"), "{entry}");
+    assert!(text("applied").contains("cleanup"), "{entry}");
+    assert!(text("not_applied").contains("api."), "{entry}");
+    assert!(text("not_applied").contains("tokens"), "{entry}");
+    assert_eq!(daemon.ops_get("/readyz").await.status, 200);
+    stop(daemon).await;
+}
+
+/// A clean reload stays one INFO line, naming nothing left out.
+#[tokio::test]
+async fn a_clean_reload_is_one_info_line() {
+    let db = TestDb::new().await;
+    let daemon = json_daemon(&db).await;
+    daemon.rewrite_config("[cleanup]\nbatch_size = 7");
+    daemon.signal(Signal::SIGHUP);
+    let entry = reloaded_entry(&daemon).await;
+    assert_eq!(entry["level"], "INFO", "{entry}");
+    assert!(entry.get("not_applied").is_none(), "{entry}");
     stop(daemon).await;
 }

@@ -33,6 +33,13 @@ fn demo_command() -> Command {
     command
 }
 
+/// Runs `command` to its end off the async runtime.
+async fn output_of(mut command: Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
 /// Processes whose command line mentions `needle`.
 fn processes_mentioning(needle: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
@@ -128,14 +135,9 @@ async fn the_demo_tells_the_story_with_real_status_codes_and_leaves_nothing_behi
 
 #[tokio::test]
 async fn the_demo_without_postgresql_exits_69_saying_how_to_install_it() {
-    let output = tokio::task::spawn_blocking(|| {
-        demo_command()
-            .env("TOMBSTONED_PG_BIN", "/nonexistent")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut command = demo_command();
+    command.env("TOMBSTONED_PG_BIN", "/nonexistent");
+    let output = output_of(command).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(69), "{stderr}");
     assert!(
@@ -147,4 +149,38 @@ async fn the_demo_without_postgresql_exits_69_saying_how_to_install_it() {
     );
     assert!(stderr.contains("apt-get install postgresql"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // It says exactly what was searched: with TOMBSTONED_PG_BIN set, that directory alone, not
+    // $PATH (issue 27 item 7).
+    assert!(
+        stderr.contains(
+            "(looked in TOMBSTONED_PG_BIN=/nonexistent only: no initdb, pg_ctl, postgres there;"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("looked in $TOMBSTONED_PG_BIN, $PATH"),
+        "{stderr}"
+    );
+}
+
+/// `demo --config PATH` is refused (exit 64), not accepted and ignored: the demo writes its own
+/// configuration around its throwaway cluster (issue 27 item 7). TOMBSTONED_CONFIG in the
+/// environment is not a request of this command line: the demo runs.
+#[tokio::test]
+async fn the_demo_refuses_a_config_flag() {
+    let mut flag_after = demo_command();
+    flag_after.args(["--config", "/etc/tombstoned/tombstoned.toml"]);
+    let output = output_of(flag_after).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.starts_with("tombstoned: demo takes no --config: it writes its own configuration"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty(), "{output:?}");
+    // Before the subcommand, the same.
+    let mut flag_before = Command::new(binary());
+    flag_before.args(["--config", "x.toml", "demo"]).env_clear();
+    let output = output_of(flag_before).await;
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
 }
