@@ -14,7 +14,9 @@
 //! 6. cleanup throughput on a second cluster with initdb's default settings (300,000 records),
 //! 7. parallel cleanup (`cleanup.workers = 2`) vs one and two single UPDATEs (`workers.rs`),
 //! 8. the SQL API's claim and replay vs the endpoint's fused statement, raw through pgbench
-//!    (`sql_api.rs`).
+//!    (`sql_api.rs`),
+//! 9. the forever table from 1 M to 50 M keys: claim/replay latency, the cleaner's cost per row,
+//!    sizes and VACUUM time as one table grows, drawn as an SVG (`forever.rs`, `svg.rs`).
 //!
 //! It uses the release-profile `tombstoned` binary cargo builds for it (`CARGO_BIN_EXE_…`), starts
 //! a throwaway PostgreSQL with the settings in [`server::SETTINGS`] (or uses `--database-url`),
@@ -24,6 +26,7 @@ mod api_limit;
 mod cleanup;
 mod cpu;
 mod daemon;
+mod forever;
 mod http_load;
 mod pgbench;
 mod replays;
@@ -33,6 +36,7 @@ mod server;
 mod sql_api;
 mod stats;
 mod storage;
+mod svg;
 mod workers;
 
 use std::path::PathBuf;
@@ -53,8 +57,8 @@ struct Args {
     /// Small scale, one repetition, targets reported but not gated (CI smoke test).
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (1-8), e.g. `--only 1` or `--only 1,3`.
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=8))]
+    /// Run only these scenarios (1-9), e.g. `--only 1` or `--only 1,3`.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=9))]
     only: Vec<u8>,
     /// Repetitions per measurement (default 3, or 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
@@ -87,6 +91,11 @@ struct Args {
     /// reported run sets none.
     #[arg(long, value_name = "NAME=VALUE")]
     pg_setting: Vec<String>,
+    /// Scenario 9: the table sizes (keys) to grow to and measure at, in order (default
+    /// 1000000,10000000,50000000; with --quick 1000000).
+    #[arg(long, value_delimiter = ',', value_name = "KEYS",
+          value_parser = clap::value_parser!(i64).range(100_000..=1_000_000_000))]
+    scale_keys: Vec<i64>,
     /// Rewrite bench/pgbench/*.sql from `tombstoned::claim::sql` and exit.
     #[arg(long)]
     write_pgbench_scripts: bool,
@@ -120,6 +129,13 @@ pub struct Scale {
     pub s4_replay_keys: i64,
     /// Scenario 6 (default server settings): records, half of them due.
     pub s6_records: i64,
+    /// Scenario 9: the sizes (keys) one table grows to, measured at each.
+    pub s9_keys: Vec<i64>,
+    /// Scenario 9: claims per measurement (at [`Scale::s3_rate`]), also the rows due for its
+    /// cleanup run.
+    pub s9_claims: u64,
+    /// Scenario 9: measured replay window per repetition, seconds (at [`Scale::s3_rate`]).
+    pub s9_replay_seconds: u64,
     /// Repetitions.
     pub reps: usize,
     /// Whether this is the quick (CI) scale.
@@ -127,8 +143,16 @@ pub struct Scale {
 }
 
 impl Scale {
-    fn new(quick: bool, reps: Option<u32>) -> Self {
+    fn new(quick: bool, reps: Option<u32>, keys: &[i64]) -> Self {
         let reps = reps.map_or(if quick { 1 } else { 3 }, |r| r as usize);
+        let mut scale = Self::preset(quick, reps);
+        if !keys.is_empty() {
+            scale.s9_keys = keys.to_vec();
+        }
+        scale
+    }
+
+    fn preset(quick: bool, reps: usize) -> Self {
         if quick {
             Scale {
                 s1_records: 100_000,
@@ -142,6 +166,9 @@ impl Scale {
                 s4_warmup_seconds: 1,
                 s4_replay_keys: 10_000,
                 s6_records: 60_000,
+                s9_keys: vec![1_000_000],
+                s9_claims: 1_000,
+                s9_replay_seconds: 3,
                 reps,
                 quick,
             }
@@ -158,6 +185,9 @@ impl Scale {
                 s4_warmup_seconds: 1,
                 s4_replay_keys: 100_000,
                 s6_records: 300_000,
+                s9_keys: vec![1_000_000, 10_000_000, 50_000_000],
+                s9_claims: 5_000,
+                s9_replay_seconds: 10,
                 reps,
                 quick,
             }
@@ -419,9 +449,9 @@ async fn run(args: Args) -> Result<()> {
 
     let started = Instant::now();
     let load_start = loadavg();
-    let scale = Scale::new(args.quick, args.reps);
+    let scale = Scale::new(args.quick, args.reps, &args.scale_keys);
     let only: Vec<u8> = if args.only.is_empty() {
-        vec![1, 2, 3, 4, 5, 6, 7, 8]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9]
     } else {
         args.only.clone()
     };
@@ -486,6 +516,7 @@ async fn run(args: Args) -> Result<()> {
                 6 => cleanup::scenario6(&mut bench).await?,
                 7 => workers::scenario7(&mut bench).await?,
                 8 => sql_api::scenario8(&mut bench).await?,
+                9 => forever::scenario9(&mut bench).await?,
                 _ => bail!("no scenario {id}"),
             };
             result.seconds = t.elapsed().as_secs_f64();
