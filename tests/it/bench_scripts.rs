@@ -10,3 +10,85 @@ fn pgbench_scripts_are_the_claim_statements() {
         panic!("{e:#}");
     }
 }
+
+/// docs/scale-out.md, "Hash partitioning": on a hash-partitioned copy of the records table
+/// (`bench/partitioning.sql`, 8 partitions by `idempotency_key`), the product's claim and replay
+/// statements touch exactly one partition — pruned at plan time with custom plans, and at
+/// executor start with generic plans (`Subplans Removed: 7`), which is what a prepared
+/// statement on a long-lived connection runs.
+#[tokio::test]
+async fn hash_partitioning_prunes_claims_and_replays_to_one_partition() {
+    use tombstoned::claim::sql;
+    use tombstoned::db::sql::qualify;
+
+    let db = crate::harness::TestDb::new().await;
+    let client = db.client().await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/partitioning.sql");
+    let script = std::fs::read_to_string(&script).expect("bench/partitioning.sql");
+    client
+        .batch_execute(&script)
+        .await
+        .expect("bench/partitioning.sql runs on the migrated schema");
+
+    // Record i = 5 of the script: principal-5 of tenant-1, live.
+    let scope = "'tenant-1', 'principal-5', 'create-order', md5('key/5')::uuid::text";
+    let statements = [
+        (
+            "replay: READ_FOR_REPLAY",
+            sql::READ_FOR_REPLAY,
+            scope.to_owned(),
+        ),
+        ("replay: READ_EXPIRED", sql::READ_EXPIRED, scope.to_owned()),
+        (
+            "claim: CLAIM_AND_CREATE",
+            sql::CLAIM_AND_CREATE,
+            format!(
+                "{scope}, sha256(convert_to('fp/5', 'UTF8')), \
+                 '01900000-0000-7000-8000-000000000001', 'req-5', 100, '1.00', 'CNY', 'item', 1, \
+                 'recipient', 86400000000, '01900000-0000-7000-8000-000000000002', NULL"
+            ),
+        ),
+    ];
+    for (name, statement, args) in statements {
+        let text = qualify(statement, "tombstoned_hash");
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            client
+                .batch_execute(&format!(
+                    "SET plan_cache_mode = {mode}; DEALLOCATE ALL; PREPARE s AS {text}"
+                ))
+                .await
+                .unwrap_or_else(|e| panic!("PREPARE {name}: {e}"));
+            let plan: Vec<String> = client
+                .query(&format!("EXPLAIN (COSTS OFF) EXECUTE s({args})"), &[])
+                .await
+                .unwrap_or_else(|e| panic!("EXPLAIN {name}: {e}"))
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            eprintln!("-- {name}, plan_cache_mode = {mode}\n{plan}\n");
+            let mut partitions: Vec<&str> = plan
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("idempotency_records_p") && w.len() == 22)
+                .collect();
+            partitions.sort_unstable();
+            partitions.dedup();
+            assert_eq!(
+                partitions.len(),
+                1,
+                "{name} ({mode}) must touch one partition, touches {partitions:?}:\n{plan}"
+            );
+            if mode == "force_generic_plan" {
+                assert!(
+                    plan.contains("Subplans Removed: 7"),
+                    "{name}: a generic plan prunes at executor start:\n{plan}"
+                );
+            } else {
+                assert!(
+                    !plan.contains("Subplans Removed"),
+                    "{name}: a custom plan prunes at plan time:\n{plan}"
+                );
+            }
+        }
+    }
+}
