@@ -91,4 +91,37 @@ async fn hash_partitioning_prunes_claims_and_replays_to_one_partition() {
             }
         }
     }
+
+    // What partitioning buys and what it does not: each partition's heap and indexes are an
+    // eighth (vacuum and index builds per partition), the total is not smaller.
+    let rows = client
+        .query(
+            "SELECT relation, heap_bytes, index_bytes, total_bytes FROM tombstoned_hash.sizes",
+            &[],
+        )
+        .await
+        .expect("sizes");
+    let mut partitions_total = 0i64;
+    let mut single_total = 0i64;
+    let mut largest_partition = 0i64;
+    for r in &rows {
+        let (relation, heap, index, total): (String, i64, i64, i64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        eprintln!("{relation:<40} heap {heap:>9} indexes {index:>9} total {total:>9}");
+        if relation == "idempotency_records_single" {
+            single_total = total;
+        } else if relation.starts_with("idempotency_records_p") {
+            partitions_total += total;
+            largest_partition = largest_partition.max(total);
+        }
+    }
+    eprintln!("partitions together {partitions_total}, one table {single_total}");
+    assert!(
+        partitions_total * 10 >= single_total * 9,
+        "partitioning does not make the records smaller: {partitions_total} vs {single_total}"
+    );
+    assert!(
+        largest_partition * 4 <= single_total,
+        "each of 8 partitions holds about an eighth: {largest_partition} of {single_total}"
+    );
 }
