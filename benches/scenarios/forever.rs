@@ -104,6 +104,8 @@ pub struct Point {
     pub sizes: Sizes,
     /// The repetitions.
     pub reps: Vec<Rep>,
+    /// `/proc/loadavg` before and after the repetitions (others share the machine).
+    pub load_average: (String, String),
 }
 
 impl Point {
@@ -404,6 +406,7 @@ pub async fn scenario9(bench: &mut Bench) -> Result<ScenarioResult> {
             seed: report,
             sizes: table_sizes,
             reps: Vec::new(),
+            load_average: (crate::loadavg(), String::new()),
         };
         for r in 0..reps {
             let measured = rep(bench, &daemon, &db, target, r).await?;
@@ -411,6 +414,13 @@ pub async fn scenario9(bench: &mut Bench) -> Result<ScenarioResult> {
             point.reps.push(measured);
         }
         daemon.stop().await?;
+        point.load_average.1 = crate::loadavg();
+        eprintln!(
+            "  {} keys measured, load average {} before, {} after",
+            keys_label(target as f64),
+            point.load_average.0,
+            point.load_average.1
+        );
         points.push(point);
     }
     drop(client);
@@ -524,6 +534,17 @@ fn table(
                 errors == 0,
                 quick,
             ),
+        });
+        rows.push(Row {
+            scenario: 9,
+            metric: format!("{label} keys: load average (1, 5, 15 min) before / after"),
+            baseline: String::new(),
+            tombstoned: String::new(),
+            ratio: String::new(),
+            pair_ratio: String::new(),
+            range: format!("{} / {}", p.load_average.0, p.load_average.1),
+            target: String::new(),
+            verdict: String::new(),
         });
         let mb = |b: i64| b as f64 / 1048576.0;
         rows.push(Row {
@@ -659,10 +680,12 @@ fn chart(points: &[Point], reference_us: f64) -> String {
             title: "Cleanup of the rows due, per row".into(),
             unit: "µs per row".into(),
             series: vec![
-                series("tombstoned cleanup (process)", "#2ca02c", &|p| {
+                series("cleanup, process", "#2ca02c", &|p| {
                     p.med(Rep::cleanup_us_per_row)
                 }),
-                series("engine only", "#98df8a", &|p| p.med(Rep::engine_us_per_row)),
+                series("cleanup, engine only", "#98df8a", &|p| {
+                    p.med(Rep::engine_us_per_row)
+                }),
                 reference,
             ],
         },
