@@ -28,7 +28,9 @@ WHERE order_id = $1 AND tenant_id = $2";
 SELECT status_code, order_id, expired, created_at, replay_deadline, expired_at,
        replay_deadline <= now() AS past_deadline
 FROM {schema}.idempotency_records
-WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
+WHERE scope_id = (SELECT scope_id FROM {schema}.idempotency_scopes
+                  WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3)
+  AND idempotency_key = $4";
 }
 
 /// An order as `GET /v1/orders/{order_id}` shows it (the same fields as the 201 body).

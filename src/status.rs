@@ -54,14 +54,15 @@ pub struct Backlog {
     pub oldest_due_age_seconds: Option<f64>,
 }
 
-/// Live records and tombstones, estimated from the partial indexes' statistics (`reltuples`,
+/// Live records and tombstones, estimated from the table's and its due index's statistics (`reltuples`,
 /// as of the last VACUUM or ANALYZE): counting them would read whole indexes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RecordEstimates {
     /// Entries of `idempotency_records_due_idx` (`WHERE NOT expired`); `None`: the table was
     /// never analysed (nor vacuumed).
     pub live_estimate: Option<i64>,
-    /// Entries of `idempotency_records_purge_idx` (`WHERE expired`); `None`: never analysed.
+    /// The table's rows less the live ones (`idempotency_records_purge_idx` is a BRIN index
+    /// since V5 and counts no rows); `None`: never analysed.
     pub tombstones_estimate: Option<i64>,
 }
 
@@ -155,12 +156,20 @@ SELECT count(*), min(replay_deadline), now()
 FROM {schema}.idempotency_records
 WHERE NOT expired AND replay_deadline <= now()";
 
-    /// Each partial index's `reltuples`, and whether its table was ever analysed or vacuumed:
+    /// The due index's `reltuples` (live records), and for the purge index (BRIN since V5, whose
+    /// `reltuples` counts block ranges) the table's `reltuples` less the live ones (tombstones);
+    /// and whether the table was ever analysed or vacuumed:
     /// an index built on the empty table says 0, not -1, until then. Never analysed: the
     /// table's `reltuples` is -1 (PostgreSQL 14 on), or it has no pages recorded and no
     /// VACUUM or ANALYZE in its statistics.
     pub(super) const INDEX_ESTIMATES: &str = "\
-SELECT i.relname::text, i.reltuples::bigint,
+SELECT i.relname::text,
+       CASE WHEN i.relname = 'idempotency_records_due_idx' THEN i.reltuples
+            ELSE greatest(t.reltuples
+                          - (SELECT d.reltuples FROM pg_class d
+                             WHERE d.relnamespace = n.oid
+                               AND d.relname = 'idempotency_records_due_idx'), 0)
+       END::bigint,
        t.reltuples >= 0
        AND NOT (t.relpages = 0
                 AND coalesce(s.last_vacuum, s.last_autovacuum,

@@ -14,25 +14,29 @@
 \startpipeline
 BEGIN ISOLATION LEVEL READ COMMITTED;
 SELECT set_config('lock_timeout', :lock_timeout, true);
-WITH existing AS (
+WITH scope AS (
+    SELECT scope_id FROM "tombstoned".idempotency_scopes
+    WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation
+), existing AS (
     SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
     FROM "tombstoned".idempotency_records
-    WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
+    WHERE scope_id = (SELECT scope_id FROM scope) AND idempotency_key = :key
 ), replay AS (
     SELECT status_code AS replay_status, response_body::text AS replay_body
     FROM "tombstoned".idempotency_records
-    WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation AND idempotency_key = :key
+    WHERE scope_id = (SELECT scope_id FROM scope) AND idempotency_key = :key
       AND fingerprint = :fingerprint::bytea AND NOT expired AND replay_deadline > now()
     FOR SHARE
 ), claim AS (
     INSERT INTO "tombstoned".idempotency_records
-        (tenant_id, principal_id, operation, idempotency_key, fingerprint,
+        (scope_id, idempotency_key, fingerprint,
          status_code, response_body, order_id, replay_deadline)
-    SELECT :tenant, :principal, :operation, :key, :fingerprint::bytea, 201,
+    SELECT scope.scope_id, :key, :fingerprint::bytea, 201,
         jsonb_build_object('order_id', :order_id::uuid, 'request_id', :request_id::text, 'amount_minor', :amount_minor::bigint, 'amount', :amount::text, 'currency', :currency::text, 'item', :item::text, 'quantity', :quantity::integer, 'recipient', :recipient::text, 'status', 'created', 'created_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24":"MI":"SS.US"Z"')),
         :order_id::uuid, now() + :window_us::bigint * interval '1 microsecond'
+    FROM scope
     WHERE NOT EXISTS (SELECT FROM existing)
-    ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
+    ON CONFLICT (scope_id, idempotency_key) DO NOTHING
     RETURNING order_id, response_body
 ), new_order AS (
     INSERT INTO "tombstoned".orders (order_id, tenant_id, principal_id, request_id, amount_minor,
@@ -53,6 +57,9 @@ FROM claim
 UNION ALL
 SELECT false, replay.replay_body, existing.order_id, existing.fingerprint, existing.expired,
        existing.past_deadline, replay.replay_status
-FROM existing LEFT JOIN replay ON true;
+FROM existing LEFT JOIN replay ON true
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE NOT EXISTS (SELECT FROM scope);
 COMMIT;
 \endpipeline

@@ -46,11 +46,11 @@ pub enum Approach {
 /// The job-queue loop's statement: `$1` cutoff, `$2` batch size.
 const JOB_QUEUE_BATCH: &str = "
 UPDATE idempotency_records SET response_body = NULL, expired = true, expired_at = now()
-WHERE (tenant_id, principal_id, operation, idempotency_key) IN (
-    SELECT tenant_id, principal_id, operation, idempotency_key
+WHERE (scope_id, idempotency_key) IN (
+    SELECT scope_id, idempotency_key
     FROM idempotency_records
     WHERE NOT expired AND replay_deadline <= $1
-    ORDER BY tenant_id, principal_id, operation, idempotency_key
+    ORDER BY scope_id, idempotency_key
     LIMIT $2)";
 
 /// The limit (one session's, in scenario 7): `$1` cutoff.

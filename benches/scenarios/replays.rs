@@ -328,7 +328,9 @@ async fn track_front(
     let statement = client
         .prepare(
             "SELECT expired FROM idempotency_records
-             WHERE tenant_id = $1 AND principal_id = $2 AND operation = 'create-order'
+             WHERE scope_id = (SELECT scope_id FROM idempotency_scopes
+                               WHERE tenant_id = $1 AND principal_id = $2
+                                 AND operation = 'create-order')
                AND idempotency_key = $3",
         )
         .await?;

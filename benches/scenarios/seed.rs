@@ -67,14 +67,44 @@ CROSS JOIN LATERAL (
                  100 + (i * 7919) % 1000000 AS amount_minor) AS s
 ) AS p";
 
+/// A generated record's scope id (V5): one probe of the scope table, whose rows [`seed_scopes`]
+/// inserted first.
+const SCOPE_OF_ROW: &str = "(SELECT s.scope_id FROM idempotency_scopes s
+                 WHERE s.tenant_id = r.tenant_id AND s.principal_id = r.principal_id
+                   AND s.operation = 'create-order')";
+
+/// The scopes of the generated records (principal `p` in tenant `p / 4`) and of pgbench's
+/// principal, in that order. Idempotent.
+pub async fn seed_scopes(client: &Client) -> Result<()> {
+    client
+        .execute(
+            "INSERT INTO idempotency_scopes (tenant_id, principal_id, operation)
+             SELECT 'tenant-' || (p / 4), 'principal-' || p, 'create-order'
+             FROM generate_series(0, $1::bigint - 1) AS p ORDER BY p
+             ON CONFLICT (tenant_id, principal_id, operation) DO NOTHING",
+            &[&PRINCIPALS],
+        )
+        .await?;
+    client
+        .execute(
+            "INSERT INTO idempotency_scopes (tenant_id, principal_id, operation)
+             VALUES ('tenant-0', $1, 'create-order')
+             ON CONFLICT (tenant_id, principal_id, operation) DO NOTHING",
+            &[&PGBENCH_PRINCIPAL],
+        )
+        .await?;
+    Ok(())
+}
+
 /// Live records exactly as `claim::sql::CLAIM_AND_CREATE` stores them: status 201, the order
 /// JSON built like the API builds it (same keys, `created_at` to the microsecond), the order id,
 /// `replay_deadline = created_at + window`.
-fn insert_live_sql() -> String {
+fn insert_live_sql(layout: Layout) -> String {
+    let (columns, scope) = layout.scope();
     format!(
-        "INSERT INTO idempotency_records (tenant_id, principal_id, operation, idempotency_key,
+        "INSERT INTO idempotency_records ({columns}, idempotency_key,
              fingerprint, status_code, response_body, order_id, created_at, replay_deadline)
-         SELECT r.tenant_id, r.principal_id, 'create-order', r.idempotency_key,
+         SELECT {scope}, r.idempotency_key,
                 sha256(convert_to(r.canonical, 'UTF8')), 201,
                 jsonb_build_object('order_id', r.order_id, 'request_id', r.request_id,
                     'amount_minor', r.amount_minor, 'amount', r.amount, 'currency', 'CNY',
@@ -89,17 +119,41 @@ fn insert_live_sql() -> String {
 
 /// Tombstones as the cleaner leaves them: the same identity, no body, `expired_at` a few
 /// minutes after the deadline.
-fn insert_tombstones_sql() -> String {
+fn insert_tombstones_sql(layout: Layout) -> String {
+    let (columns, scope) = layout.scope();
     format!(
-        "INSERT INTO idempotency_records (tenant_id, principal_id, operation, idempotency_key,
+        "INSERT INTO idempotency_records ({columns}, idempotency_key,
              fingerprint, status_code, response_body, order_id, created_at, replay_deadline,
              expired, expired_at)
-         SELECT r.tenant_id, r.principal_id, 'create-order', r.idempotency_key,
+         SELECT {scope}, r.idempotency_key,
                 sha256(convert_to(r.canonical, 'UTF8')), 201, NULL, r.order_id,
                 r.deadline - interval '{WINDOW}', r.deadline, true,
                 r.deadline + interval '3 minutes'
          FROM ({RECORDS}) AS r"
     )
+}
+
+/// The records table's layout to seed: the current one, or V4's (scope as three texts) for
+/// scenario 5's side-by-side comparison and the upgrade's timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Layout {
+    /// Migrations V1-V4: tenant, principal and operation as text columns.
+    V4,
+    /// V5 on: `scope_id` into `idempotency_scopes`.
+    V5,
+}
+
+impl Layout {
+    /// The scope's columns of `idempotency_records` and their values for a generated row `r`.
+    fn scope(self) -> (&'static str, &'static str) {
+        match self {
+            Layout::V4 => (
+                "tenant_id, principal_id, operation",
+                "r.tenant_id, r.principal_id, 'create-order'",
+            ),
+            Layout::V5 => ("scope_id", SCOPE_OF_ROW),
+        }
+    }
 }
 
 /// A run of records to insert: `i` in `[first, last]`, deadlines from `deadline0 + i * step`.
@@ -139,15 +193,28 @@ pub struct SeedReport {
 /// Inserts `batches` into `client`'s database with the table's indexes dropped, then recreates
 /// them exactly, vacuums, analyses and checkpoints.
 pub async fn seed(client: &Client, database: &str, batches: &[Batch]) -> Result<SeedReport> {
+    seed_as(client, database, batches, Layout::V5).await
+}
+
+/// [`seed`] into a table of `layout`.
+pub async fn seed_as(
+    client: &Client,
+    database: &str,
+    batches: &[Batch],
+    layout: Layout,
+) -> Result<SeedReport> {
+    if layout == Layout::V5 {
+        seed_scopes(client).await?;
+    }
     let indexes = IndexDefinitions::read(client).await?;
     indexes.drop(client).await?;
     let started = Instant::now();
     let mut rows = 0;
     for b in batches {
         let sql = if b.tombstones {
-            insert_tombstones_sql()
+            insert_tombstones_sql(layout)
         } else {
-            insert_live_sql()
+            insert_live_sql(layout)
         };
         // deadline0 is an expression over now(): evaluate it first, so it is a plain parameter.
         let deadline0: chrono::DateTime<chrono::Utc> = client
@@ -384,12 +451,15 @@ pub const PGBENCH_FINGERPRINT: [u8; 32] = [0xab; 32];
 pub async fn pgbench_replay_twin(client: &Client) -> Result<()> {
     client
         .execute(
-            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+            "INSERT INTO idempotency_records (scope_id,
                  idempotency_key, fingerprint, status_code, response_body, order_id,
                  created_at, replay_deadline)
-             SELECT tenant_id, $1, operation, idempotency_key, $2, status_code,
+             SELECT (SELECT scope_id FROM idempotency_scopes
+                     WHERE tenant_id = 'tenant-0' AND principal_id = $1
+                       AND operation = 'create-order'),
+                    idempotency_key, $2, status_code,
                     response_body, order_id, created_at, replay_deadline
-             FROM idempotency_records
+             FROM idempotency_cards
              WHERE tenant_id = 'tenant-0' AND principal_id = 'principal-0'
                AND idempotency_key ~ '^[0-9]+$'",
             &[&PGBENCH_PRINCIPAL, &&PGBENCH_FINGERPRINT[..]],
@@ -416,7 +486,7 @@ pub async fn verify(client: &Client, tag: &str, samples: &[i64], decimal_keys: b
         let (tenant, principal) = record.scope();
         let row = client
             .query_opt(
-                "SELECT fingerprint, response_body->>'request_id' FROM idempotency_records
+                "SELECT fingerprint, response_body->>'request_id' FROM idempotency_cards
                  WHERE tenant_id = $1 AND principal_id = $2 AND operation = 'create-order'
                    AND idempotency_key = $3",
                 &[&tenant, &principal, &record.key],

@@ -8,8 +8,11 @@
 //! * WAL per tombstoned row: a `tombstoned cleanup` run on a fresh copy of scenario 1's data,
 //!   right after a CHECKPOINT, with `pg_waldump --stats` over exactly its WAL (records vs
 //!   full-page images); then VACUUM and the file sizes of the cleaned table.
-//! * What would shrink a tombstone: alternative layouts built from 200,000 seeded tombstones and
-//!   measured the same way.
+//! * V4's layout against this one, side by side in the same run: the same generated records
+//!   (200,000 live, then 200,000 tombstones; 50,000 with `--quick`) seeded into a database
+//!   migrated to V4 and into one migrated to the current schema, loaded and indexed alike, bytes
+//!   per live record and per tombstone by the same difference method; then the V5 migration
+//!   timed on the V4 copy (seconds per million rows).
 
 use anyhow::{Context as _, Result};
 use serde::Serialize;
@@ -18,6 +21,7 @@ use tokio_postgres::Client;
 
 use crate::cleanup::{trial, Approach};
 use crate::report::{check, num, Row, ScenarioResult};
+use crate::seed::Layout;
 use crate::Bench;
 
 /// Sizes of the table's relations, bytes.
@@ -206,95 +210,115 @@ async fn waldump(bench: &Bench, start: &str, end: &str) -> Result<Option<WalStat
     Ok(Some(stats))
 }
 
-/// The seeded records as a table `$name` with the scope as integer ids (the seed's
-/// `tenant-N` / `principal-N` numbers; one operation), at fillfactor `$fillfactor`, with its
-/// primary key and due index; the caller adds the purge index it measures.
-macro_rules! int_scope_table {
-    ($name:literal, $fillfactor:literal) => {
-        concat!(
-            "CREATE TABLE ", $name, " (tenant_id int4 NOT NULL, principal_id int4 NOT NULL,
-                  operation int2 NOT NULL, idempotency_key text NOT NULL, fingerprint bytea NOT NULL,
-                  status_code int2, response_body jsonb, order_id uuid, expired bool NOT NULL,
-                  created_at timestamptz NOT NULL, replay_deadline timestamptz NOT NULL,
-                  expired_at timestamptz) WITH (fillfactor = ", $fillfactor, ");
-              INSERT INTO ", $name, " SELECT substr(tenant_id, 8)::int4, substr(principal_id, 11)::int4,
-                  1, idempotency_key, fingerprint, status_code, response_body, order_id, expired,
-                  created_at, replay_deadline, expired_at FROM tombstoned.idempotency_records;
-              ALTER TABLE ", $name, "
-                  ADD PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key);
-              CREATE INDEX ON ", $name, " (replay_deadline) WHERE NOT expired;
-              "
-        )
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+/// The same records in each layout, measured alike: per live record and per tombstone.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayoutSizes {
+    /// Which layout.
+    pub layout: Layout,
+    /// Bytes per live record, relation by relation (a table of live records only).
+    pub live: PerRow,
+    /// Bytes per tombstone: the growth when the same number of tombstones is added.
+    pub tombstone: PerRow,
+    /// Average heap tuple (`pg_column_size` of the row) of a live record and of a tombstone.
+    pub tuple_live: f64,
+    /// See `tuple_live`.
+    pub tuple_tombstone: f64,
+}
+
+/// The V5 migration timed on the V4 database: seconds, rows rewritten.
+#[derive(Debug, Clone, Serialize)]
+pub struct Upgrade {
+    /// Rows in the table when V5 ran.
+    pub rows: i64,
+    /// Wall time of `migrate` (V5 only), seconds.
+    pub seconds: f64,
+    /// The migrated table's sizes afterwards (after VACUUM).
+    pub after: Sizes,
+}
+
+/// A database migrated to V4 (`layout = V4`, as the release before V5 left it) or to the
+/// current schema, named `layout_<layout>`.
+async fn layout_db(bench: &mut Bench, layout: Layout) -> Result<(String, Client)> {
+    let db = bench
+        .server
+        .db_name(&format!("layout_{layout:?}").to_lowercase());
+    bench.server.create_db(&db).await?;
+    match layout {
+        Layout::V4 => {
+            let mut client = bench.server.connect(&db).await?;
+            client
+                .batch_execute("CREATE SCHEMA IF NOT EXISTS tombstoned")
+                .await?;
+            let mut runner =
+                embedded::migrations::runner().set_target(refinery::Target::Version(4));
+            runner.set_migration_table_name(tombstoned::db::migrations::HISTORY_TABLE);
+            runner.run_async(&mut client).await?;
+        }
+        Layout::V5 => crate::migrate(&bench.server, &db).await?,
+    }
+    let client = bench.server.connect(&db).await?;
+    Ok((db, client))
+}
+
+/// Scenario 5's side by side: `n` live records, then `n` tombstones added, in the V4 layout and
+/// in the current one, the same generated records seeded the same way (loaded, then indexed,
+/// vacuumed); then the V5 migration timed on the V4 copy.
+async fn measure_layouts(bench: &mut Bench, n: i64) -> Result<(Vec<LayoutSizes>, Upgrade)> {
+    let batch = |tombstones: bool| crate::seed::Batch {
+        tag: if tombstones { "t" } else { "l" },
+        first: 1,
+        last: n,
+        deadline0: if tombstones {
+            "now() - interval '400 days'".into()
+        } else {
+            "now() + interval '1 hour'".into()
+        },
+        step: "60 ms".into(),
+        tombstones,
+        decimal_keys: false,
     };
+    let table = "tombstoned.idempotency_records";
+    let tuple_sql = "SELECT avg(pg_column_size(t.*)) FILTER (WHERE NOT expired)::float8,
+                            avg(pg_column_size(t.*)) FILTER (WHERE expired)::float8
+                     FROM idempotency_records t";
+    let mut out = Vec::new();
+    let mut upgrade = None;
+    for layout in [Layout::V4, Layout::V5] {
+        let (db, client) = layout_db(bench, layout).await?;
+        crate::seed::seed_as(&client, &db, &[batch(false)], layout).await?;
+        let live_only = sizes(&client, table).await?;
+        crate::seed::seed_as(&client, &db, &[batch(true)], layout).await?;
+        let both = sizes(&client, table).await?;
+        let tuples = client.query_one(tuple_sql, &[]).await?;
+        out.push(LayoutSizes {
+            layout,
+            live: per_row(&live_only, n),
+            tombstone: per_row(&both.minus(&live_only), n),
+            tuple_live: tuples.get(0),
+            tuple_tombstone: tuples.get(1),
+        });
+        drop(client);
+        if layout == Layout::V4 {
+            let started = std::time::Instant::now();
+            crate::migrate(&bench.server, &db).await?;
+            let seconds = started.elapsed().as_secs_f64();
+            let client = bench.server.connect(&db).await?;
+            client.batch_execute("VACUUM idempotency_records").await?;
+            upgrade = Some(Upgrade {
+                rows: 2 * n,
+                seconds,
+                after: sizes(&client, table).await?,
+            });
+        }
+        bench.server.drop_db(&db).await?;
+    }
+    let upgrade = upgrade.context("the V4 layout is measured first")?;
+    Ok((out, upgrade))
 }
-
-/// A tombstone layout to compare, built from the seeded tombstones of a scratch database.
-struct Variant {
-    name: &'static str,
-    why: &'static str,
-    ddl: &'static str,
-    table: &'static str,
-}
-
-/// Each variant is loaded first and indexed afterwards, like the seeded control (a B-tree built
-/// from sorted input is denser than one grown by inserts), so the comparison is like for like.
-const VARIANTS: &[Variant] = &[
-    Variant {
-        name: "today's layout without the purge index",
-        why: "the purge index exists even when retention.purge_tombstones_after is off",
-        ddl: "CREATE TABLE v_nopurge (LIKE tombstoned.idempotency_records INCLUDING DEFAULTS)
-                  WITH (fillfactor = 85);
-              INSERT INTO v_nopurge SELECT * FROM tombstoned.idempotency_records;
-              ALTER TABLE v_nopurge
-                  ADD PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key);
-              CREATE INDEX ON v_nopurge (replay_deadline) WHERE NOT expired;",
-        table: "public.v_nopurge",
-    },
-    Variant {
-        name: "scope as integer ids (tenant, principal, operation looked up in a small table)",
-        why: "tenant, principal and operation are repeated text in every heap tuple and key entry",
-        ddl: concat!(
-            int_scope_table!("v_intscope", "85"),
-            "CREATE INDEX ON v_intscope (expired_at) WHERE expired;"
-        ),
-        table: "public.v_intscope",
-    },
-    Variant {
-        name: "today's layout at fillfactor 100",
-        why: "the claim inserts its record complete and never updates it, so the 15 % headroom \
-              only keeps a tombstone's new version on its page (an in-place ALTER TABLE)",
-        ddl: "CREATE TABLE v_ff100 (LIKE tombstoned.idempotency_records INCLUDING DEFAULTS)
-                  WITH (fillfactor = 100);
-              INSERT INTO v_ff100 SELECT * FROM tombstoned.idempotency_records;
-              ALTER TABLE v_ff100
-                  ADD PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key);
-              CREATE INDEX ON v_ff100 (replay_deadline) WHERE NOT expired;
-              CREATE INDEX ON v_ff100 (expired_at) WHERE expired;",
-        table: "public.v_ff100",
-    },
-    Variant {
-        name: "one table: scope as integer ids, fillfactor 100, purge index as BRIN",
-        why: "the single-table candidate: the uniqueness check stays one primary key; the purge \
-              reads block ranges instead of a B-tree entry per tombstone",
-        ddl: concat!(
-            int_scope_table!("v_compact", "100"),
-            "CREATE INDEX ON v_compact USING brin (expired_at);"
-        ),
-        table: "public.v_compact",
-    },
-    Variant {
-        name: "tombstones in their own table: (scope id, key, fingerprint, order id, expired_at), fillfactor 100",
-        why: "a tombstone needs neither body, status, deadlines nor update headroom (a design change: \
-              the claim would have to check both tables)",
-        ddl: "CREATE TABLE v_tombstones (scope_id int4 NOT NULL, idempotency_key text NOT NULL,
-                  fingerprint bytea NOT NULL, order_id uuid, expired_at timestamptz NOT NULL)
-                  WITH (fillfactor = 100);
-              INSERT INTO v_tombstones SELECT substr(principal_id, 11)::int4, idempotency_key,
-                  fingerprint, order_id, expired_at FROM tombstoned.idempotency_records;
-              ALTER TABLE v_tombstones ADD PRIMARY KEY (scope_id, idempotency_key);",
-        table: "public.v_tombstones",
-    },
-];
 
 /// Scenario 5.
 pub async fn scenario5(bench: &mut Bench) -> Result<ScenarioResult> {
@@ -349,8 +373,9 @@ pub async fn scenario5(bench: &mut Bench) -> Result<ScenarioResult> {
     bench.server.drop_db(&cleaned).await?;
     let wal_per_row = run.wal_bytes as f64 / run.rows.max(1) as f64;
 
-    // Alternative layouts, on 200,000 tombstones of a scratch database.
-    let variants = measure_variants(bench).await?;
+    // The V4 layout and this one side by side, on the same records; the upgrade's time.
+    let layout_rows = if bench.scale.quick { 50_000 } else { 200_000 };
+    let (layouts, upgrade) = measure_layouts(bench, layout_rows).await?;
 
     let quick = bench.scale.quick;
     let mut checks = Vec::new();
@@ -387,19 +412,58 @@ pub async fn scenario5(bench: &mut Bench) -> Result<ScenarioResult> {
             ),
         },
     ];
-    for v in &variants {
-        rows.push(Row {
-            scenario: 5,
-            metric: format!("  tombstone as: {}", v.0),
-            baseline: num(v.1, 0),
-            tombstoned: num(v.2, 0),
-            ratio: num(v.2 / v.1, 2),
-            pair_ratio: String::new(),
-            range: String::new(),
-            target: String::new(),
-            verdict: String::new(),
-        });
+    if let [v4, v5] = &layouts[..] {
+        let pairs = [
+            (
+                "bytes per tombstone, all-in",
+                &v4.tombstone,
+                &v5.tombstone,
+                v4.tuple_tombstone,
+                v5.tuple_tombstone,
+            ),
+            (
+                "bytes per live record, all-in",
+                &v4.live,
+                &v5.live,
+                v4.tuple_live,
+                v5.tuple_live,
+            ),
+        ];
+        for (what, old, new, old_tuple, new_tuple) in pairs {
+            rows.push(Row {
+                scenario: 5,
+                metric: format!(
+                    "  {what}, V4 layout -> V5 ({layout_rows} of each; V4: {}; V5: {})",
+                    describe(old),
+                    describe(new)
+                ),
+                baseline: num(old.total, 0),
+                tombstoned: num(new.total, 0),
+                ratio: num(new.total / old.total, 2),
+                pair_ratio: String::new(),
+                range: format!("tuple {} -> {} B", num(old_tuple, 0), num(new_tuple, 0)),
+                target: String::new(),
+                verdict: String::new(),
+            });
+        }
     }
+    let per_million = upgrade.seconds / upgrade.rows.max(1) as f64 * 1e6;
+    rows.push(Row {
+        scenario: 5,
+        metric: format!(
+            "  V5 migration (rewrite under ACCESS EXCLUSIVE), seconds per million rows \
+             ({} rows: {} s)",
+            upgrade.rows,
+            num(upgrade.seconds, 1)
+        ),
+        baseline: String::new(),
+        tombstoned: num(per_million, 1),
+        ratio: String::new(),
+        pair_ratio: String::new(),
+        range: String::new(),
+        target: String::new(),
+        verdict: String::new(),
+    });
     rows.push(Row {
         scenario: 5,
         metric: format!(
@@ -441,59 +505,9 @@ pub async fn scenario5(bench: &mut Bench) -> Result<ScenarioResult> {
             "wal_per_tombstoned_row": wal_per_row,
             "waldump": wal,
             "sizes_after_cleanup_and_vacuum": after_cleanup,
-            "variants": variants.iter().map(|v| json!({"layout": v.0, "control_bytes": v.1, "bytes": v.2, "why": v.3})).collect::<Vec<_>>(),
+            "layouts": layouts,
+            "v5_upgrade": upgrade,
         }),
         seconds: 0.0,
     })
-}
-
-/// `(name, bytes per tombstone today, bytes in the variant, why)`, all on the same sample.
-async fn measure_variants(bench: &mut Bench) -> Result<Vec<(String, f64, f64, String)>> {
-    let db = bench.server.db_name("variants");
-    bench.server.create_db(&db).await?;
-    crate::migrate(&bench.server, &db).await?;
-    let client = bench.server.connect(&db).await?;
-    let n = 200_000;
-    crate::seed::seed(
-        &client,
-        &db,
-        &[crate::seed::Batch {
-            tag: "v",
-            first: 1,
-            last: n,
-            deadline0: "now() - interval '400 days'".into(),
-            step: "60 s".into(),
-            tombstones: true,
-            decimal_keys: false,
-        }],
-    )
-    .await?;
-    let control = sizes(&client, "tombstoned.idempotency_records").await?;
-    let control_per = control.total() as f64 / n as f64;
-    let mut out = vec![(
-        "today's layout (this sample)".to_owned(),
-        control_per,
-        control_per,
-        String::new(),
-    )];
-    client
-        .batch_execute("SET search_path = public, tombstoned")
-        .await?;
-    for v in VARIANTS {
-        client
-            .batch_execute(v.ddl)
-            .await
-            .with_context(|| format!("variant {}", v.name))?;
-        client.batch_execute(&format!("VACUUM {}", v.table)).await?;
-        let s = sizes(&client, v.table).await?;
-        out.push((
-            v.name.to_owned(),
-            control_per,
-            s.total() as f64 / n as f64,
-            v.why.to_owned(),
-        ));
-    }
-    drop(client);
-    bench.server.drop_db(&db).await?;
-    Ok(out)
 }

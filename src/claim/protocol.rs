@@ -26,15 +26,31 @@ pub(super) async fn claim_on(
 ) -> Result<ClaimOutcome, ClaimError> {
     let lock_timeout = settings.lock_timeout_setting();
     let window = settings.replay_window_micros();
-    for _ in 0..MAX_CLAIM_ATTEMPTS {
+    let mut scope_ensured = false;
+    let mut attempt = 0;
+    while attempt < MAX_CLAIM_ATTEMPTS {
+        attempt += 1;
         commit_sent.store(true, Ordering::Release);
         let owned_or_not = owner_attempt(client, &lock_timeout, window, req).await;
         commit_sent.store(false, Ordering::Release);
         match owned_or_not {
             Ok(Some(row)) => {
-                let created: bool = row
+                let created: Option<bool> = row
                     .try_get("created")
                     .map_err(|e| ClaimError::Database(DbError::Query(e)))?;
+                let Some(created) = created else {
+                    // The scope has no row yet (its first claim): nothing was written. Insert
+                    // it, committed, and claim again; that attempt is not a purge race's.
+                    if scope_ensured {
+                        return Err(ClaimError::Unstable);
+                    }
+                    if let Some(outcome) = ensure_scope(client, settings, req).await? {
+                        return Ok(outcome);
+                    }
+                    scope_ensured = true;
+                    attempt -= 1;
+                    continue;
+                };
                 if created {
                     return owned(row, req);
                 }
@@ -94,6 +110,39 @@ pub(super) async fn claim_on(
         }
     }
     Err(ClaimError::Unstable)
+}
+
+/// The first claim of a scope: [`sql::ENSURE_SCOPE`], a transaction of its own (with the claim's
+/// `lock_timeout`), so the scope row is committed before the claim's next attempt begins. `Some`: the answer already
+/// (a server that refuses writes: the read-only path answers, 503 when nothing is recorded).
+async fn ensure_scope(
+    client: &Conn<'_>,
+    settings: &ClaimSettings,
+    req: &ClaimRequest,
+) -> Result<Option<ClaimOutcome>, ClaimError> {
+    let scope: [&dyn Param; 3] = [&req.tenant, &req.principal, &OPERATION_CREATE_ORDER];
+    let lock_timeout = settings.lock_timeout_setting();
+    match in_transaction(
+        client,
+        sql::SET_LOCK_TIMEOUT,
+        sql::ENSURE_SCOPE,
+        &lock_timeout,
+        &scope,
+    )
+    .await
+    {
+        Ok(_) => Ok(None),
+        Err(failure) => match db::classify(&failure.error) {
+            // Another transaction inserted the scope and is still open (an SQL API caller's
+            // first claim of it): retry, as for an owner in flight.
+            ErrorClass::LockNotAvailable => Ok(Some(ClaimOutcome::InProgress)),
+            ErrorClass::ReadOnly => read_only(client, settings, req, failure.error)
+                .await
+                .map(Some),
+            ErrorClass::Unavailable => Err(ClaimError::Unavailable(DbError::Query(failure.error))),
+            _ => Err(transient_or_database(failure.error)),
+        },
+    }
 }
 
 /// The claim met 25006 (read_only_sql_transaction): the server refuses writes — a standby, a

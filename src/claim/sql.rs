@@ -39,14 +39,27 @@ macro_rules! order_json_sql {
     };
 }
 
-/// `WITH existing AS (...`: the claim statements' unlocked read of the record (see
-/// [`EXISTING`]); the caller closes the parenthesis.
+/// The scope's id (`idempotency_scopes`, V5) of `$1` tenant, `$2` principal, `$3` operation, as
+/// a scalar subquery: one probe of the scope table's unique index. NULL when the scope has no
+/// row yet (nothing of it can exist then). Scope rows are never deleted nor changed.
+macro_rules! scope_id_sql {
+    () => {
+        "(SELECT scope_id FROM {schema}.idempotency_scopes
+                     WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3)"
+    };
+}
+
+/// `WITH scope AS (...), existing AS (...`: the claim statements' scope (see [`SCOPE`]) and
+/// unlocked read of the record (see [`EXISTING`]); the caller closes the parenthesis.
 macro_rules! existing_cte {
     () => {
-        "WITH existing AS (
+        "WITH scope AS (
+    SELECT scope_id FROM {schema}.idempotency_scopes
+    WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3
+), existing AS (
     SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
     FROM {schema}.idempotency_records
-    WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
+    WHERE scope_id = (SELECT scope_id FROM scope) AND idempotency_key = $4
 "
     };
 }
@@ -58,7 +71,7 @@ macro_rules! replay_cte {
         "replay AS (
     SELECT status_code AS replay_status, response_body::text AS replay_body
     FROM {schema}.idempotency_records
-    WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
+    WHERE scope_id = (SELECT scope_id FROM scope) AND idempotency_key = $4
       AND fingerprint = $5::bytea AND NOT expired AND replay_deadline > now()
     FOR SHARE
 "
@@ -66,7 +79,9 @@ macro_rules! replay_cte {
 }
 
 /// The final `SELECT` of both claim statements: the owner's row from `claim`, or the record from
-/// `existing` with the body `replay` locked (NULL when it locked none).
+/// `existing` with the body `replay` locked (NULL when it locked none), or — when the scope has
+/// no row yet — one row whose `created` is NULL (nothing was written: [`ENSURE_SCOPE`], then
+/// claim again).
 macro_rules! claim_result {
     () => {
         ")
@@ -76,7 +91,10 @@ FROM claim
 UNION ALL
 SELECT false, replay.replay_body, existing.order_id, existing.fingerprint, existing.expired,
        existing.past_deadline, replay.replay_status
-FROM existing LEFT JOIN replay ON true"
+FROM existing LEFT JOIN replay ON true
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE NOT EXISTS (SELECT FROM scope)"
     };
 }
 
@@ -108,17 +126,18 @@ pub const CLAIM_AND_CREATE: &str =
     replay_cte!(),
     "), claim AS (\n",
     "    INSERT INTO {schema}.idempotency_records\n",
-    "        (tenant_id, principal_id, operation, idempotency_key, fingerprint,\n",
+    "        (scope_id, idempotency_key, fingerprint,\n",
     "         status_code, response_body, order_id, replay_deadline)\n",
-    "    SELECT $1, $2, $3, $4, $5::bytea, 201,\n        ",
+    "    SELECT scope.scope_id, $4, $5::bytea, 201,\n        ",
     order_json_sql!(
         "$6::uuid", "$7::text", "$8::bigint", "$9::text", "$10::text", "$11::text",
         "$12::integer", "$13::text", "'created'", "now()"
     ),
     ",\n",
     "        $6::uuid, now() + $14::bigint * interval '1 microsecond'\n",
+    "    FROM scope\n",
     "    WHERE NOT EXISTS (SELECT FROM existing)\n",
-    "    ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING\n",
+    "    ON CONFLICT (scope_id, idempotency_key) DO NOTHING\n",
     "    RETURNING order_id, response_body\n",
     "), new_order AS (\n",
     "    INSERT INTO {schema}.orders (order_id, tenant_id, principal_id, request_id, amount_minor,\n",
@@ -148,12 +167,13 @@ pub const CLAIM_REJECTED: &str = concat!(
     replay_cte!(),
     "), claim AS (
     INSERT INTO {schema}.idempotency_records
-        (tenant_id, principal_id, operation, idempotency_key, fingerprint,
+        (scope_id, idempotency_key, fingerprint,
          status_code, response_body, order_id, replay_deadline)
-    SELECT $1, $2, $3, $4, $5::bytea, $6::smallint, $7::jsonb, NULL,
+    SELECT scope.scope_id, $4, $5::bytea, $6::smallint, $7::jsonb, NULL,
            now() + $8::bigint * interval '1 microsecond'
+    FROM scope
     WHERE NOT EXISTS (SELECT FROM existing)
-    ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
+    ON CONFLICT (scope_id, idempotency_key) DO NOTHING
     RETURNING order_id, response_body
 ",
     claim_result!()
@@ -169,6 +189,23 @@ pub const CLAIM_RESULT_COLUMNS: [&str; 7] = [
     "past_deadline",
     "status_code",
 ];
+
+/// When a claim statement answered "no scope yet" (`created` NULL: the tenant, principal and
+/// operation have no row in `idempotency_scopes`): insert it, in a transaction of its own
+/// (`BEGIN; SET_LOCK_TIMEOUT; ENSURE_SCOPE; COMMIT`, one round trip), so it is committed — and visible to the claim's next attempt, a new
+/// transaction — before anything else happens. Race-free: the `INSERT` runs only when the scope
+/// is missing; two daemons inserting the same scope at once both end with it committed (the
+/// second waits for the first's transaction, bounded by `lock_timeout`, and conflicts). No row
+/// lock is left behind, and the identity sequence advances once per scope (plus races). Only the first claim
+/// of a scope ever sends it.
+///
+/// `$1` tenant, `$2` principal, `$3` operation.
+pub const ENSURE_SCOPE: &str = "\
+INSERT INTO {schema}.idempotency_scopes (tenant_id, principal_id, operation)
+SELECT $1, $2, $3
+WHERE NOT EXISTS (SELECT FROM {schema}.idempotency_scopes
+                  WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3)
+ON CONFLICT (tenant_id, principal_id, operation) DO NOTHING";
 
 /// The `existing` part of both claim statements, for the documentation: the record as the
 /// statement's snapshot sees it, read without a lock. When it is there, the INSERT inserts
@@ -220,13 +257,17 @@ SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'o
 /// at `replay_deadline`, whether or not the cleaner has run yet.
 ///
 /// `$1` tenant, `$2` principal, `$3` operation, `$4` key.
-pub const READ_FOR_REPLAY: &str = "\
+pub const READ_FOR_REPLAY: &str = concat!(
+    "\
 SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
        replay_deadline <= now() AS past_deadline
 FROM {schema}.idempotency_records
-WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4
-  AND NOT expired AND replay_deadline > now()
-FOR SHARE";
+WHERE scope_id = ",
+    scope_id_sql!(),
+    "
+  AND idempotency_key = $4 AND NOT expired AND replay_deadline > now()
+FOR SHARE"
+);
 
 /// When [`READ_FOR_REPLAY`] found nothing: the record as it is, without a lock (a plain
 /// snapshot read never waits for the cleaner). It is past its window or a tombstone — the
@@ -234,22 +275,32 @@ FOR SHARE";
 /// change — or it is gone (only a retention purge deletes records).
 ///
 /// `$1` tenant, `$2` principal, `$3` operation, `$4` key.
-pub const READ_EXPIRED: &str = "\
+pub const READ_EXPIRED: &str = concat!(
+    "\
 SELECT fingerprint, status_code, NULL::text AS body, order_id, expired,
        replay_deadline <= now() AS past_deadline
 FROM {schema}.idempotency_records
-WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
+WHERE scope_id = ",
+    scope_id_sql!(),
+    "
+  AND idempotency_key = $4"
+);
 
 /// While the database refuses writes (25006): the record with its body, without a lock, run in
 /// a READ ONLY transaction (`crate::claim`'s `read_only` says why no lock is needed then).
 /// Names its schema (`{schema}`, rendered by [`crate::db::sql::qualify`]).
 ///
 /// `$1` tenant, `$2` principal, `$3` operation, `$4` key.
-pub const READ_RECORD_READ_ONLY: &str = "\
+pub const READ_RECORD_READ_ONLY: &str = concat!(
+    "\
 SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
        replay_deadline <= now() AS past_deadline
 FROM {schema}.idempotency_records
-WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3 AND idempotency_key = $4";
+WHERE scope_id = ",
+    scope_id_sql!(),
+    "
+  AND idempotency_key = $4"
+);
 
 /// Ends the transaction (a ROLLBACK when a statement in it failed).
 pub const COMMIT: &str = crate::db::sql::COMMIT;
@@ -287,6 +338,7 @@ pub const STATEMENTS: &[(&str, &str)] = &[
     ("set_replay_settings", SET_REPLAY_SETTINGS),
     ("claim_and_create", CLAIM_AND_CREATE),
     ("claim_rejected", CLAIM_REJECTED),
+    ("ensure_scope", ENSURE_SCOPE),
     ("read_for_replay", READ_FOR_REPLAY),
     ("read_expired", READ_EXPIRED),
     ("commit", COMMIT),
@@ -314,9 +366,7 @@ mod tests {
             assert_eq!(used, (1..=used.len()).collect::<Vec<_>>(), "{name}");
         }
         for text in [CLAIM_AND_CREATE, CLAIM_REJECTED] {
-            assert!(text.contains(
-                "ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING"
-            ));
+            assert!(text.contains("ON CONFLICT (scope_id, idempotency_key) DO NOTHING"));
         }
         assert!(READ_FOR_REPLAY.trim_end().ends_with("FOR SHARE"));
         assert!(

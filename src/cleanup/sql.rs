@@ -89,7 +89,7 @@ ORDER BY s.application_name, s.pid";
 /// Tombstone one batch, waiting (up to `lock_timeout`) for rows other sessions hold.
 pub const TOMBSTONE_BATCH: &str = "\
 WITH picked AS MATERIALIZED (
-    SELECT ctid AS tid, tenant_id, principal_id, operation, idempotency_key, replay_deadline
+    SELECT ctid AS tid, scope_id, idempotency_key, replay_deadline
     FROM {schema}.idempotency_records
     WHERE NOT expired
       AND replay_deadline >= coalesce($2::timestamptz, '-infinity')
@@ -101,7 +101,7 @@ changed AS (
     UPDATE {schema}.idempotency_records AS r
     SET response_body = NULL, expired = true, expired_at = now()
     FROM (SELECT tid FROM picked
-          ORDER BY tenant_id, principal_id, operation, idempotency_key) AS k
+          ORDER BY scope_id, idempotency_key) AS k
     WHERE r.ctid = k.tid
       AND NOT r.expired
       AND r.replay_deadline <= $1::timestamptz
@@ -157,7 +157,7 @@ FROM summary AS s";
 /// Same shape as [`TOMBSTONE_BATCH`], on the purge index (`expired_at WHERE expired`).
 pub const PURGE_BATCH: &str = "\
 WITH picked AS MATERIALIZED (
-    SELECT ctid AS tid, tenant_id, principal_id, operation, idempotency_key, expired_at
+    SELECT ctid AS tid, scope_id, idempotency_key, expired_at
     FROM {schema}.idempotency_records
     WHERE expired
       AND expired_at >= coalesce($2::timestamptz, '-infinity')
@@ -168,7 +168,7 @@ WITH picked AS MATERIALIZED (
 changed AS (
     DELETE FROM {schema}.idempotency_records AS r
     USING (SELECT tid FROM picked
-           ORDER BY tenant_id, principal_id, operation, idempotency_key) AS k
+           ORDER BY scope_id, idempotency_key) AS k
     WHERE r.ctid = k.tid
       AND r.expired
       AND r.expired_at <= $1::timestamptz
@@ -306,20 +306,22 @@ WHERE NOT expired AND replay_deadline <= $1::timestamptz";
 
 /// Dry run: the tenants with the most rows due at `$1`.
 pub const DRY_RUN_TOP_TENANTS: &str = "\
-SELECT tenant_id, count(*) AS due
-FROM {schema}.idempotency_records
-WHERE NOT expired AND replay_deadline <= $1::timestamptz
-GROUP BY tenant_id
-ORDER BY due DESC, tenant_id
+SELECT s.tenant_id, count(*) AS due
+FROM {schema}.idempotency_records AS r
+JOIN {schema}.idempotency_scopes AS s USING (scope_id)
+WHERE NOT r.expired AND r.replay_deadline <= $1::timestamptz
+GROUP BY s.tenant_id
+ORDER BY due DESC, s.tenant_id
 LIMIT 10";
 
 /// Dry run: the operations with the most rows due at `$1`.
 pub const DRY_RUN_TOP_OPERATIONS: &str = "\
-SELECT operation, count(*) AS due
-FROM {schema}.idempotency_records
-WHERE NOT expired AND replay_deadline <= $1::timestamptz
-GROUP BY operation
-ORDER BY due DESC, operation
+SELECT s.operation, count(*) AS due
+FROM {schema}.idempotency_records AS r
+JOIN {schema}.idempotency_scopes AS s USING (scope_id)
+WHERE NOT r.expired AND r.replay_deadline <= $1::timestamptz
+GROUP BY s.operation
+ORDER BY due DESC, s.operation
 LIMIT 10";
 
 /// Dry run: tombstones and live records in total (each through its partial index).

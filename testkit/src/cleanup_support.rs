@@ -17,18 +17,8 @@ pub const NOT_DUE: &str = "2999-01-01T00:00:00Z";
 /// How long a barrier waits before failing the test.
 pub const BARRIER: Duration = Duration::from_secs(20);
 
-/// Inserts `count` live records with ~400-byte order bodies. Row `i` (1-based) has deadline
-/// `first_deadline + i ms`; its key starts with an md5 so key order differs from deadline order.
-/// Tenants `tenant-0..2`, principals `principal-0..4`, operation `create-order`.
-pub async fn seed_live(client: &Client, tag: &str, count: i64, first_deadline: &str) {
-    client
-        .execute(
-            "INSERT INTO idempotency_records (tenant_id, principal_id, operation, idempotency_key,
-                 fingerprint, status_code, response_body, order_id, created_at, replay_deadline)
-             SELECT 'tenant-' || (i % 3), 'principal-' || (i % 5), 'create-order',
-                    substr(md5(p.tag || i), 1, 16) || '-' || p.tag || '-' || i,
-                    sha256((p.tag || i)::bytea), 201,
-                    jsonb_build_object(
+/// The seeds' order body of row `i` (of tag `p.tag`), ~400 bytes.
+const SEED_BODY: &str = "jsonb_build_object(
                         'order_id', md5('order' || p.tag || i)::uuid,
                         'status', 'created',
                         'amount_minor', 1000 + i,
@@ -39,12 +29,54 @@ pub async fn seed_live(client: &Client, tag: &str, count: i64, first_deadline: &
                         'request_id', md5('q' || p.tag || i),
                         'created_at', '2019-12-31T00:00:00Z',
                         'links', jsonb_build_object('self', '/v1/orders/' || md5('order' || p.tag || i)::uuid),
-                        'note', repeat('x', 60)),
+                        'note', repeat('x', 60))";
+
+/// The rest of a seed row after its scope: key, fingerprint, status, body, order id, created
+/// and deadline.
+const SEED_LIVE_ROWS: &str = "substr(md5(p.tag || i), 1, 16) || '-' || p.tag || '-' || i,
+                    sha256((p.tag || i)::bytea), 201, {body},
                     md5('order' || p.tag || i)::uuid,
                     p.first - interval '1 day',
                     p.first + i * interval '1 ms'
              FROM generate_series(1, $3::bigint) AS i,
-                  (SELECT $1::text AS tag, $2::text::timestamptz AS first) AS p",
+                  (SELECT $1::text AS tag, $2::text::timestamptz AS first) AS p";
+
+/// Inserts `count` live records with ~400-byte order bodies. Row `i` (1-based) has deadline
+/// `first_deadline + i ms`; its key starts with an md5 so key order differs from deadline order.
+/// Tenants `tenant-0..2`, principals `principal-0..4`, operation `create-order`.
+pub async fn seed_live(client: &Client, tag: &str, count: i64, first_deadline: &str) {
+    seed_scopes(client).await;
+    let rows = SEED_LIVE_ROWS.replace("{body}", SEED_BODY);
+    client
+        .execute(
+            &format!(
+                "INSERT INTO idempotency_records (scope_id, idempotency_key,
+                     fingerprint, status_code, response_body, order_id, created_at,
+                     replay_deadline)
+                 SELECT (SELECT s.scope_id FROM idempotency_scopes s
+                         WHERE s.tenant_id = 'tenant-' || (i % 3)
+                           AND s.principal_id = 'principal-' || (i % 5)
+                           AND s.operation = 'create-order'),
+                        {rows}"
+            ),
+            &[&tag, &first_deadline, &count],
+        )
+        .await
+        .expect("seed live records");
+}
+
+/// [`seed_live`] on a schema before V5 (the scope in three text columns), for upgrade tests.
+pub async fn seed_live_before_v5(client: &Client, tag: &str, count: i64, first_deadline: &str) {
+    let rows = SEED_LIVE_ROWS.replace("{body}", SEED_BODY);
+    client
+        .execute(
+            &format!(
+                "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+                     idempotency_key, fingerprint, status_code, response_body, order_id,
+                     created_at, replay_deadline)
+                 SELECT 'tenant-' || (i % 3), 'principal-' || (i % 5), 'create-order',
+                        {rows}"
+            ),
             &[&tag, &first_deadline, &count],
         )
         .await
@@ -53,12 +85,16 @@ pub async fn seed_live(client: &Client, tag: &str, count: i64, first_deadline: &
 
 /// Inserts `count` tombstones that expired at `expired_at` (deadlines long past).
 pub async fn seed_tombstones(client: &Client, tag: &str, count: i64, expired_at: &str) {
+    seed_scopes(client).await;
     client
         .execute(
-            "INSERT INTO idempotency_records (tenant_id, principal_id, operation, idempotency_key,
+            "INSERT INTO idempotency_records (scope_id, idempotency_key,
                  fingerprint, status_code, response_body, order_id, created_at, replay_deadline,
                  expired, expired_at)
-             SELECT 'tenant-' || (i % 3), 'principal-' || (i % 5), 'create-order',
+             SELECT (SELECT s.scope_id FROM idempotency_scopes s
+                     WHERE s.tenant_id = 'tenant-' || (i % 3)
+                       AND s.principal_id = 'principal-' || (i % 5)
+                       AND s.operation = 'create-order'),
                     substr(md5(p.tag || i), 1, 16) || '-' || p.tag || '-' || i,
                     sha256((p.tag || i)::bytea), 201, NULL, md5('order' || p.tag || i)::uuid,
                     '2010-01-01T00:00:00Z'::timestamptz,
@@ -71,6 +107,27 @@ pub async fn seed_tombstones(client: &Client, tag: &str, count: i64, expired_at:
         .await
         .expect("seed tombstones");
 }
+
+/// The seeds' scopes (`tenant-0..2` x `principal-0..4`, `create-order`), in a fixed order so two
+/// databases seeded alike number them alike. Idempotent.
+pub async fn seed_scopes(client: &Client) {
+    client
+        .execute(
+            "INSERT INTO idempotency_scopes (tenant_id, principal_id, operation)
+             SELECT 'tenant-' || t, 'principal-' || p, 'create-order'
+             FROM generate_series(0, 2) AS t, generate_series(0, 4) AS p
+             ORDER BY t, p
+             ON CONFLICT (tenant_id, principal_id, operation) DO NOTHING",
+            &[],
+        )
+        .await
+        .expect("seed scopes");
+}
+
+/// `idempotency_records.scope_id` of the scope `$1` tenant, `$2` principal, `$3` operation (V5):
+/// a scalar subquery for tests' own statements.
+pub const SCOPE_ID: &str = "(SELECT scope_id FROM idempotency_scopes
+     WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3)";
 
 /// The primary key of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +142,7 @@ pub struct Pk {
 pub async fn nth_live(client: &Client, n: i64) -> Pk {
     let row = client
         .query_one(
-            "SELECT tenant_id, principal_id, operation, idempotency_key FROM idempotency_records
+            "SELECT tenant_id, principal_id, operation, idempotency_key FROM idempotency_cards
              WHERE NOT expired ORDER BY replay_deadline OFFSET $1 LIMIT 1",
             &[&n],
         )
@@ -103,8 +160,10 @@ pub async fn nth_live(client: &Client, n: i64) -> Pk {
 pub async fn row_text(client: &Client, pk: &Pk) -> Option<String> {
     client
         .query_opt(
-            "SELECT t::text FROM idempotency_records t
-             WHERE (tenant_id, principal_id, operation, idempotency_key) = ($1, $2, $3, $4)",
+            &format!(
+                "SELECT t::text FROM idempotency_records t
+                 WHERE scope_id = {SCOPE_ID} AND idempotency_key = $4"
+            ),
             &[
                 &pk.tenant_id,
                 &pk.principal_id,
@@ -121,8 +180,10 @@ pub async fn row_text(client: &Client, pk: &Pk) -> Option<String> {
 pub async fn is_tombstone(client: &Client, pk: &Pk) -> bool {
     client
         .query_one(
-            "SELECT expired FROM idempotency_records
-             WHERE (tenant_id, principal_id, operation, idempotency_key) = ($1, $2, $3, $4)",
+            &format!(
+                "SELECT expired FROM idempotency_records
+                 WHERE scope_id = {SCOPE_ID} AND idempotency_key = $4"
+            ),
             &[
                 &pk.tenant_id,
                 &pk.principal_id,
@@ -139,8 +200,8 @@ pub async fn is_tombstone(client: &Client, pk: &Pk) -> bool {
 pub async fn checksum(client: &Client) -> String {
     client
         .query_one(
-            "SELECT coalesce(md5(string_agg(t::text, ',' ORDER BY tenant_id, principal_id,
-                 operation, idempotency_key)), 'empty') FROM idempotency_records t",
+            "SELECT coalesce(md5(string_agg(t::text, ',' ORDER BY scope_id,
+                 idempotency_key)), 'empty') FROM idempotency_records t",
             &[],
         )
         .await
@@ -156,7 +217,7 @@ pub async fn checksum_without_expiry_time(client: &Client) -> String {
                  idempotency_key, encode(fingerprint, 'hex'), status_code, response_body::text,
                  order_id, expired, created_at, replay_deadline, expired_at IS NOT NULL),
                  ',' ORDER BY tenant_id, principal_id, operation, idempotency_key)), 'empty')
-             FROM idempotency_records",
+             FROM idempotency_cards",
             &[],
         )
         .await
@@ -199,7 +260,7 @@ impl Reader {
             .query_one(
                 &format!(
                     "SELECT response_body::text FROM idempotency_records
-                     WHERE (tenant_id, principal_id, operation, idempotency_key) = ($1, $2, $3, $4)
+                     WHERE scope_id = {SCOPE_ID} AND idempotency_key = $4
                      {lock}"
                 ),
                 &[
@@ -256,8 +317,8 @@ pub async fn wait_until_cleaner_waits(observer: &Client) {
 pub async fn checksum_of(client: &Client, tag: &str) -> String {
     client
         .query_one(
-            "SELECT coalesce(md5(string_agg(t::text, ',' ORDER BY tenant_id, principal_id,
-                 operation, idempotency_key)), 'empty') FROM idempotency_records t
+            "SELECT coalesce(md5(string_agg(t::text, ',' ORDER BY scope_id,
+                 idempotency_key)), 'empty') FROM idempotency_records t
              WHERE idempotency_key LIKE '%-' || $1::text || '-%'",
             &[&tag],
         )

@@ -35,12 +35,17 @@ async fn in_flight_owner(
     response_body: &str,
 ) -> tokio_postgres::Client {
     let owner = api.db.client().await;
+    // The scope committed first (V5): only the record is held.
+    owner
+        .batch_execute("SELECT ensure_scope('acme', 'alice', 'create-order')")
+        .await
+        .unwrap();
     owner.batch_execute("BEGIN").await.unwrap();
     owner
         .execute(
-            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+            "INSERT INTO idempotency_records (scope_id,
                  idempotency_key, fingerprint, status_code, response_body, replay_deadline)
-             VALUES ('acme', 'alice', 'create-order', $1, $2, 201, $3::text::jsonb,
+             VALUES (ensure_scope('acme', 'alice', 'create-order'), $1, $2, 201, $3::text::jsonb,
                      now() + interval '1 day')",
             &[&key, &fingerprint_of(body), &response_body],
         )

@@ -30,7 +30,7 @@ async fn cleaner_waits_for_a_for_share_replay_reader_and_the_tombstone_keeps_the
         .query_one(
             "SELECT tenant_id, principal_id, operation, idempotency_key, fingerprint, status_code,
                     order_id, created_at, replay_deadline, response_body::text
-             FROM idempotency_records WHERE idempotency_key = $1",
+             FROM idempotency_cards WHERE idempotency_key = $1",
             &[&held.idempotency_key],
         )
         .await
@@ -69,7 +69,7 @@ async fn cleaner_waits_for_a_for_share_replay_reader_and_the_tombstone_keeps_the
             "SELECT tenant_id, principal_id, operation, idempotency_key, fingerprint, status_code,
                     order_id, created_at, replay_deadline, response_body::text, expired,
                     expired_at IS NOT NULL
-             FROM idempotency_records WHERE idempotency_key = $1",
+             FROM idempotency_cards WHERE idempotency_key = $1",
             &[&held.idempotency_key],
         )
         .await
@@ -420,7 +420,7 @@ async fn a_tombstoned_key_never_reopens() {
     run(&db.config()).await;
     let keys = client
         .query(
-            "SELECT tenant_id, principal_id, operation, idempotency_key FROM idempotency_records",
+            "SELECT tenant_id, principal_id, operation, idempotency_key FROM idempotency_cards",
             &[],
         )
         .await
@@ -431,10 +431,11 @@ async fn a_tombstoned_key_never_reopens() {
             (k.get(0), k.get(1), k.get(2), k.get(3));
         let claimed = client
             .query(
-                "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+                "INSERT INTO idempotency_records (scope_id,
                      idempotency_key, fingerprint, replay_deadline)
-                 VALUES ($1, $2, $3, $4, sha256('another purchase'), now() + interval '1 day')
-                 ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
+                 VALUES (ensure_scope($1, $2, $3), $4, sha256('another purchase'),
+                         now() + interval '1 day')
+                 ON CONFLICT (scope_id, idempotency_key) DO NOTHING
                  RETURNING idempotency_key",
                 &[&t, &p, &o, &key],
             )
@@ -533,11 +534,11 @@ async fn purge_is_off_by_default_and_then_deletes_only_tombstones_older_than_con
     // The documented consequence: a purged key can be claimed again.
     let reopened = client
         .query(
-            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+            "INSERT INTO idempotency_records (scope_id,
                  idempotency_key, fingerprint, replay_deadline)
-             SELECT 'tenant-1', 'principal-1', 'create-order',
+             SELECT ensure_scope('tenant-1', 'principal-1', 'create-order'),
                     substr(md5('ancient' || 1), 1, 16) || '-ancient-1', sha256('x'), now()
-             ON CONFLICT (tenant_id, principal_id, operation, idempotency_key) DO NOTHING
+             ON CONFLICT (scope_id, idempotency_key) DO NOTHING
              RETURNING 1",
             &[],
         )
@@ -655,12 +656,7 @@ async fn batch_plans_lock_rows_in_primary_key_order() {
         let sort = find(outer, &|n| n["Node Type"] == "Sort").expect("outer side sorted");
         assert_eq!(
             sort["Sort Key"],
-            serde_json::json!([
-                "picked.tenant_id",
-                "picked.principal_id",
-                "picked.operation",
-                "picked.idempotency_key"
-            ]),
+            serde_json::json!(["picked.scope_id", "picked.idempotency_key"]),
             "{plan:#}"
         );
         assert_eq!(inner["Node Type"], "Tid Scan", "{plan:#}");

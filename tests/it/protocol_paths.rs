@@ -267,13 +267,22 @@ async fn hold_key(ctx: &Ctx, key: &str, order: &OrderRequest) -> (Client, String
         .as_bytes()
         .to_vec();
     let body = format!(r#"{{"held": "{key}"}}"#);
+    // The scope committed first (V5): only the record is held.
+    holder
+        .execute(
+            "SELECT ensure_scope($1, $2, $3)",
+            &[&TENANT, &PRINCIPAL, &OPERATION_CREATE_ORDER],
+        )
+        .await
+        .unwrap();
     holder.batch_execute("BEGIN").await.unwrap();
     holder
         .execute(
-            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+            "INSERT INTO idempotency_records (scope_id,
                  idempotency_key, fingerprint, status_code, response_body, order_id,
                  replay_deadline)
-             VALUES ($1, $2, $3, $4, $5, 201, $6::text::jsonb, NULL, now() + interval '1 hour')",
+             VALUES (ensure_scope($1, $2, $3), $4, $5, 201, $6::text::jsonb, NULL,
+                     now() + interval '1 hour')",
             &[
                 &TENANT,
                 &PRINCIPAL,

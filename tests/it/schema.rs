@@ -19,13 +19,13 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(before.applied.is_empty());
-    assert_eq!(before.pending.len(), 4, "{before:?}");
+    assert_eq!(before.pending.len(), 5, "{before:?}");
     assert!(before.problem().unwrap().contains("tombstoned migrate"));
 
     let first = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(
         first.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [1, 2, 3, 4]
+        [1, 2, 3, 4, 5]
     );
     let second = migrations::migrate(&config.database).await.unwrap();
     assert!(second.is_empty(), "second run applied {second:?}");
@@ -34,7 +34,7 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(after.is_current(), "{after:?}");
-    assert_eq!(after.applied.len(), 4);
+    assert_eq!(after.applied.len(), 5);
 }
 
 #[tokio::test]
@@ -67,14 +67,14 @@ async fn concurrent_migrate_runs_are_serialised() {
             .expect("every concurrent run succeeds")
             .len();
     }
-    assert_eq!(applied, 4, "V1 to V4 are each applied by exactly one run");
+    assert_eq!(applied, 5, "V1 to V5 are each applied by exactly one run");
     let client = db.client().await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 4);
+    assert_eq!(rows, 5);
 }
 
 #[tokio::test]
@@ -99,7 +99,9 @@ async fn migrate_honours_the_configured_schema() {
         [
             "cleanup_lease",
             "cleanup_runs",
+            "idempotency_cards",
             "idempotency_records",
+            "idempotency_scopes",
             "orders",
             "outbox_aggregates",
             "outbox_events",
@@ -181,24 +183,46 @@ async fn tables_have_the_documented_columns() {
         ("cleanup_runs", "batches", "bigint", "NO"),
         ("cleanup_runs", "backlog_rows", "bigint", "YES"),
         ("cleanup_runs", "error", "text", "YES"),
-        ("idempotency_records", "tenant_id", "text", "NO"),
-        ("idempotency_records", "principal_id", "text", "NO"),
-        ("idempotency_records", "operation", "text", "NO"),
-        ("idempotency_records", "idempotency_key", "text", "NO"),
-        ("idempotency_records", "fingerprint", "bytea", "NO"),
-        ("idempotency_records", "status_code", "smallint", "YES"),
-        ("idempotency_records", "response_body", "jsonb", "YES"),
-        ("idempotency_records", "order_id", "uuid", "YES"),
-        ("idempotency_records", "expired", "boolean", "NO"),
+        // V5: the view for humans, the columns V1-V4 had (then the scope id).
+        ("idempotency_cards", "tenant_id", "text", "YES"),
+        ("idempotency_cards", "principal_id", "text", "YES"),
+        ("idempotency_cards", "operation", "text", "YES"),
+        ("idempotency_cards", "idempotency_key", "text", "YES"),
+        ("idempotency_cards", "fingerprint", "bytea", "YES"),
+        ("idempotency_cards", "status_code", "smallint", "YES"),
+        ("idempotency_cards", "response_body", "jsonb", "YES"),
+        ("idempotency_cards", "order_id", "uuid", "YES"),
+        ("idempotency_cards", "expired", "boolean", "YES"),
+        (
+            "idempotency_cards",
+            "created_at",
+            "timestamp with time zone",
+            "YES",
+        ),
+        (
+            "idempotency_cards",
+            "replay_deadline",
+            "timestamp with time zone",
+            "YES",
+        ),
+        (
+            "idempotency_cards",
+            "expired_at",
+            "timestamp with time zone",
+            "YES",
+        ),
+        ("idempotency_cards", "resource_id", "text", "YES"),
+        ("idempotency_cards", "scope_id", "integer", "YES"),
+        // V5: the compact card, in storage (alignment) order.
         (
             "idempotency_records",
-            "created_at",
+            "replay_deadline",
             "timestamp with time zone",
             "NO",
         ),
         (
             "idempotency_records",
-            "replay_deadline",
+            "created_at",
             "timestamp with time zone",
             "NO",
         ),
@@ -208,8 +232,19 @@ async fn tables_have_the_documented_columns() {
             "timestamp with time zone",
             "YES",
         ),
-        // V4: the SQL API's reference to the caller's business object.
+        ("idempotency_records", "order_id", "uuid", "YES"),
+        ("idempotency_records", "scope_id", "integer", "NO"),
+        ("idempotency_records", "status_code", "smallint", "YES"),
+        ("idempotency_records", "expired", "boolean", "NO"),
+        ("idempotency_records", "idempotency_key", "text", "NO"),
+        ("idempotency_records", "fingerprint", "bytea", "NO"),
         ("idempotency_records", "resource_id", "text", "YES"),
+        ("idempotency_records", "response_body", "jsonb", "YES"),
+        // V5: the scopes records name by id.
+        ("idempotency_scopes", "scope_id", "integer", "NO"),
+        ("idempotency_scopes", "tenant_id", "text", "NO"),
+        ("idempotency_scopes", "principal_id", "text", "NO"),
+        ("idempotency_scopes", "operation", "text", "NO"),
         ("orders", "order_id", "uuid", "NO"),
         ("orders", "tenant_id", "text", "NO"),
         ("orders", "principal_id", "text", "NO"),
@@ -291,15 +326,12 @@ async fn tables_have_the_documented_columns() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(
-        pk,
-        "PRIMARY KEY (tenant_id, principal_id, operation, idempotency_key)"
-    );
+    assert_eq!(pk, "PRIMARY KEY (scope_id, idempotency_key)");
 }
 
 const INSERT_RECORD: &str = "INSERT INTO idempotency_records \
-     (tenant_id, principal_id, operation, idempotency_key, fingerprint, replay_deadline) \
-     VALUES ('t', 'p', 'create-order', $1, $2, now() + interval '1 day')";
+     (scope_id, idempotency_key, fingerprint, replay_deadline) \
+     VALUES (ensure_scope('t', 'p', 'create-order'), $1, $2, now() + interval '1 day')";
 
 const INSERT_ORDER: &str = "INSERT INTO orders \
      (order_id, tenant_id, principal_id, request_id, amount_minor, currency, item, quantity, recipient) \
@@ -419,7 +451,7 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
             "{args:?}: one line: {stderr}"
         );
         assert!(
-            stderr.contains("4 migration(s) pending (V1__")
+            stderr.contains("5 migration(s) pending (V1__")
                 && stderr.contains("run `tombstoned migrate` first"),
             "{args:?}: {stderr}"
         );

@@ -114,7 +114,7 @@ async fn sql_in_every_field_header_path_and_scope_name_is_inert_data() {
     let client = api.db.client().await;
     let rows = client
         .query(
-            "SELECT DISTINCT tenant_id, principal_id FROM idempotency_records",
+            "SELECT DISTINCT tenant_id, principal_id FROM idempotency_cards",
             &[],
         )
         .await

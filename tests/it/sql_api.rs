@@ -221,7 +221,8 @@ async fn close_window(admin: &Client, key: &str) {
     admin
         .execute(
             "UPDATE idempotency_records SET replay_deadline = clock_timestamp() - interval '1 s'
-             WHERE operation = $1 AND idempotency_key = $2",
+             WHERE scope_id IN (SELECT scope_id FROM idempotency_scopes WHERE operation = $1)
+               AND idempotency_key = $2",
             &[&OPERATION, &key],
         )
         .await
@@ -1368,7 +1369,7 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
         ))
         .await
         .unwrap();
-    crate::cleanup_support::seed_live(&admin, "v3-due", 40, "2020-01-01T00:00:00Z").await;
+    crate::cleanup_support::seed_live_before_v5(&admin, "v3-due", 40, "2020-01-01T00:00:00Z").await;
     let columns = "tenant_id, principal_id, operation, idempotency_key, fingerprint, \
                    status_code, response_body, order_id, expired, created_at, replay_deadline, \
                    expired_at";
@@ -1391,10 +1392,7 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
         .unwrap()
         .get(0);
 
-    let applied = tombstoned::db::migrations::migrate(&config.database)
-        .await
-        .unwrap();
-    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [4]);
+    assert_eq!(crate::schema_support::migrate_to(&mut admin, 4).await, [4]);
     let size_v4: i32 = admin
         .query_one(tombstone_size, &[&"size-v4"])
         .await
@@ -1403,6 +1401,12 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
     let after: String = admin.query_one(&checksum_sql, &[]).await.unwrap().get(0);
     assert_eq!(after, before, "V4 changed existing records");
     assert_eq!(size_v4, size_v3, "V4 made an endpoint tombstone larger");
+    // Then the release after it (V5, the compact card: its own upgrade test is
+    // `v5_upgrades_a_populated_v4_database_in_place`).
+    let applied = tombstoned::db::migrations::migrate(&config.database)
+        .await
+        .unwrap();
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [5]);
 
     // The endpoint's record, seen through the functions: its order id is its resource.
     let svc = Service::create(&db).await;
@@ -1436,7 +1440,7 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
     assert_eq!(report.rows_tombstoned, 41);
     let tombstones = admin
         .query(
-            "SELECT operation, count(*) FROM idempotency_records
+            "SELECT operation, count(*) FROM idempotency_cards
              WHERE expired AND idempotency_key NOT LIKE 'size-%'
              GROUP BY operation ORDER BY operation",
             &[],
@@ -1471,6 +1475,172 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
         .unwrap();
     assert_eq!((sink.get::<_, i64>(0), sink.get::<_, i64>(1)), (1, 2));
     drop(daemon);
+}
+
+/// The card's columns, in a fixed order, as one text per record: before V5 read from the table,
+/// from V5 on through the `idempotency_cards` view.
+const CARD_CHECKSUM: &str = "SELECT count(*), md5(string_agg(concat_ws('|', tenant_id,
+        principal_id, operation, idempotency_key, encode(fingerprint, 'hex'), status_code,
+        response_body::text, order_id, expired, created_at, replay_deadline, expired_at,
+        resource_id), ',' ORDER BY tenant_id, principal_id, operation, idempotency_key))
+    FROM {table}";
+
+/// Average stored size of a tombstone's and of a live record's heap tuple
+/// (`pg_column_size` of the whole row), over the same records on both sides of the upgrade.
+const TUPLE_SIZES: &str = "SELECT avg(pg_column_size(t.*)) FILTER (WHERE expired)::float8,
+        avg(pg_column_size(t.*)) FILTER (WHERE NOT expired AND status_code IS NOT NULL)::float8
+    FROM idempotency_records t";
+
+/// Test 9: V5 (the compact card) applied in place to a populated V4 database: live records,
+/// tombstones, function records and a hand-written unfinished row, claims and a cleaner on V4;
+/// the migration waits for an open replay's lock; every card reads the same afterwards, is
+/// smaller, and the functions and the current cleaner work on what V4 left.
+#[tokio::test]
+async fn v5_upgrades_a_populated_v4_database_in_place() {
+    let db = TestDb::empty().await;
+    let config = db.config();
+    let mut admin = db.client().await;
+    assert_eq!(
+        crate::schema_support::migrate_to(&mut admin, 4).await,
+        [1, 2, 3, 4]
+    );
+    // What V4 held: endpoint records (due and not), function records through V4's functions,
+    // a V4 cleaner's tombstones, and one unfinished row written by hand.
+    use crate::cleanup_support::{seed_live_before_v5, DUE, NOT_DUE};
+    seed_live_before_v5(&admin, "v4-due", 40, DUE).await;
+    seed_live_before_v5(&admin, "v4-live", 10, NOT_DUE).await;
+    let svc = Service::create(&db).await;
+    let c = &svc.client;
+    let paid = create_payment(c, "v4-pay", 5).await;
+    create_payment(c, "v4-old", 6).await;
+    let v4_window_closed = admin
+        .execute(
+            "UPDATE idempotency_records SET replay_deadline = clock_timestamp() - interval '1 s'
+             WHERE operation = $1 AND idempotency_key = 'v4-old'",
+            &[&OPERATION],
+        )
+        .await
+        .unwrap();
+    assert_eq!(v4_window_closed, 1);
+    // V4's cleaner, as its batch statement tombstones (body cleared, expired set).
+    let v4_tombstoned = admin
+        .execute(
+            "UPDATE idempotency_records SET response_body = NULL, expired = true, expired_at = now()
+             WHERE NOT expired AND replay_deadline <= now()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(v4_tombstoned, 41);
+    admin
+        .execute(
+            "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+                 idempotency_key, fingerprint, replay_deadline)
+             VALUES ('hand', 'written', 'create-order', 'v4-unfinished', sha256('u'),
+                     now() + interval '1 hour')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let card_checksum = |table: &str| CARD_CHECKSUM.replace("{table}", table);
+    let before = admin
+        .query_one(&card_checksum("idempotency_records"), &[])
+        .await
+        .unwrap();
+    let (count_before, sum_before): (i64, String) = (before.get(0), before.get(1));
+    assert_eq!(count_before, 40 + 10 + 2 + 1);
+    let sizes_v4 = admin.query_one(TUPLE_SIZES, &[]).await.unwrap();
+    let (tombstone_v4, live_v4): (f64, f64) = (sizes_v4.get(0), sizes_v4.get(1));
+
+    // A replay in flight (its FOR SHARE lock held) when the upgrade starts: the migration's
+    // ACCESS EXCLUSIVE lock waits for it, and the replay's answer stands.
+    let fp_pay = fingerprint(c, &intent_of("v4-pay", 5)).await;
+    c.batch_execute("BEGIN").await.unwrap();
+    let replay = lookup(c, "v4-pay", &fp_pay).await.unwrap().unwrap();
+    assert_eq!(replay.outcome, "replay");
+    assert_eq!(replay.response_body.as_deref(), Some(paid.as_str()));
+    let database = config.database.clone();
+    let upgrade = tokio::spawn(async move { tombstoned::db::migrations::migrate(&database).await });
+    crate::cleanup_support::wait_until_sessions_wait(&admin, "tombstoned/migrate", 1).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    let applied = upgrade.await.unwrap().unwrap();
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [5]);
+
+    // Every card reads the same, through the view; the tuples are smaller, the live ones too.
+    let after = admin
+        .query_one(&card_checksum("idempotency_cards"), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (after.get::<_, i64>(0), after.get::<_, String>(1)),
+        (count_before, sum_before)
+    );
+    let sizes_v5 = admin.query_one(TUPLE_SIZES, &[]).await.unwrap();
+    let (tombstone_v5, live_v5): (f64, f64) = (sizes_v5.get(0), sizes_v5.get(1));
+    eprintln!(
+        "heap tuple bytes, V4 -> V5: tombstone {tombstone_v4:.1} -> {tombstone_v5:.1}, \
+         live {live_v4:.1} -> {live_v5:.1}"
+    );
+    assert!(
+        tombstone_v5 < tombstone_v4,
+        "{tombstone_v5} >= {tombstone_v4}"
+    );
+    assert!(
+        live_v5 <= live_v4,
+        "a live record grew: {live_v4} -> {live_v5}"
+    );
+    let scopes: i64 = admin
+        .query_one("SELECT count(*) FROM idempotency_scopes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        scopes,
+        15 + 1 + 1,
+        "the seeds', the service's and the hand-written scope"
+    );
+
+    // The functions answer from what V4 left: replay (same body), expired (its resource), key
+    // reuse; a new claim of the old scope owns; the unfinished row is still this kind of row.
+    let replay = lookup(c, "v4-pay", &fp_pay).await.unwrap().unwrap();
+    assert_eq!(replay.outcome, "replay");
+    assert_eq!(replay.response_body.as_deref(), Some(paid.as_str()));
+    let fp_old = fingerprint(c, &intent_of("v4-old", 6)).await;
+    let expired = lookup(c, "v4-old", &fp_old).await.unwrap().unwrap();
+    assert_eq!(expired.outcome, "expired");
+    assert_eq!(expired.resource_id.as_deref(), Some("pay-v4-old"));
+    assert!(expired.expired_at.is_some());
+    c.batch_execute("BEGIN").await.unwrap();
+    let reused = claim(c, "v4-pay", &fp_old, "1 hour", "2 seconds")
+        .await
+        .unwrap();
+    assert_eq!(reused.outcome, "key_reused");
+    let again = claim(c, "v4-old", &fp_old, "1 hour", "2 seconds")
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, "expired");
+    c.batch_execute("COMMIT").await.unwrap();
+    create_payment(c, "v5-pay", 7).await;
+
+    // The current cleaner on the upgraded table: V4's live record whose window closes now.
+    close_window(&admin, "v4-pay").await;
+    let report = run(&config).await;
+    assert_eq!(report.rows_tombstoned, 1);
+    let expired = lookup(c, "v4-pay", &fp_pay).await.unwrap().unwrap();
+    assert_eq!(expired.outcome, "expired");
+    assert_eq!(expired.resource_id.as_deref(), Some("pay-v4-pay"));
+    let totals = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE expired), count(*) FILTER (WHERE NOT expired)
+             FROM idempotency_records",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (totals.get::<_, i64>(0), totals.get::<_, i64>(1)),
+        (42, 10 + 1 + 1)
+    );
 }
 
 /// `serve` refuses, in one line, a schema whose SQL API version it does not know; `status` and
@@ -1583,7 +1753,7 @@ async fn migrate_installs_the_sql_api_as_an_unprivileged_database_owner() {
     let applied = tombstoned::db::migrations::migrate(&config.database)
         .await
         .unwrap();
-    assert_eq!(applied.len(), 4);
+    assert_eq!(applied.len(), 5);
     // Its functions work for a service role it grants them to.
     let owner = Service::connect(&db, &role).await;
     let service = format!("svc_{}", db.name);

@@ -30,7 +30,7 @@ async fn identity_checksum(client: &Client) -> (i64, String) {
                  operation, idempotency_key, encode(fingerprint, 'hex'), status_code, order_id,
                  created_at, replay_deadline), ',' ORDER BY tenant_id, principal_id, operation,
                  idempotency_key)), 'empty')
-             FROM idempotency_records",
+             FROM idempotency_cards",
             &[],
         )
         .await
@@ -515,7 +515,7 @@ async fn a_replay_reader_holding_for_share_past_lock_timeout_does_not_stop_the_r
     assert_eq!(counts(&observer).await, (4999, 1));
     let now: Option<String> = observer
         .query_one(
-            "SELECT response_body::text FROM idempotency_records
+            "SELECT response_body::text FROM idempotency_cards
              WHERE (tenant_id, principal_id, operation, idempotency_key) = ($1, $2, $3, $4)",
             &[
                 &held.tenant_id,

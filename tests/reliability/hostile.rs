@@ -419,13 +419,18 @@ async fn sixty_four_clients_on_four_locked_keys_leave_the_pool_to_everyone_else(
     .await;
     // Four keys claimed by open transactions: every request for them waits on the row lock.
     let holder = connect(&db.url, "test").await;
+    // The scope committed first (V5): only the records are held.
+    holder
+        .batch_execute("SELECT ensure_scope('acme', 'alice', 'create-order')")
+        .await
+        .unwrap();
     holder.batch_execute("BEGIN").await.unwrap();
     for i in 0..HOT {
         holder
             .execute(
-                "INSERT INTO idempotency_records (tenant_id, principal_id, operation,
+                "INSERT INTO idempotency_records (scope_id,
                      idempotency_key, fingerprint, status_code, response_body, replay_deadline)
-                 VALUES ('acme', 'alice', 'create-order', $1, $2, 201, '{}'::jsonb,
+                 VALUES (ensure_scope('acme', 'alice', 'create-order'), $1, $2, 201, '{}'::jsonb,
                          now() + interval '1 day')",
                 &[&format!("hot-{i}"), &vec![0u8; 32]],
             )

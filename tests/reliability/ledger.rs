@@ -325,7 +325,7 @@ pub struct DbState {
 
 const RECORDS: &str = "SELECT tenant_id, principal_id, idempotency_key, fingerprint, status_code,
         order_id, expired, response_body IS NULL, created_at, replay_deadline
-    FROM idempotency_records WHERE operation = 'create-order'";
+    FROM idempotency_cards WHERE operation = 'create-order'";
 
 fn record_of(row: &tokio_postgres::Row) -> (Scope, Record) {
     (
