@@ -2,7 +2,8 @@
 -- partitioning"): schema tombstoned_hash, 8 partitions by hash of idempotency_key, with the
 -- table's columns, defaults, checks and indexes (the primary key contains the key, so it can be
 -- the partitioned table's primary key: uniqueness stays global), and copies of orders and
--- outbox_events so the claim statement plans against it unchanged.
+-- outbox_events and the scope table (V5: scope as an integer id) so the claim statement
+-- plans against it unchanged.
 --
 -- Run on a migrated database (tombstoned migrate), then EXPLAIN the product's statements with
 -- {schema} = tombstoned_hash; tests/it/bench_scripts.rs does exactly that:
@@ -31,15 +32,20 @@ BEGIN
 END
 $$;
 
+CREATE TABLE tombstoned_hash.idempotency_scopes (LIKE tombstoned.idempotency_scopes INCLUDING ALL);
 CREATE TABLE tombstoned_hash.orders (LIKE tombstoned.orders INCLUDING ALL);
 CREATE TABLE tombstoned_hash.outbox_events (LIKE tombstoned.outbox_events INCLUDING ALL);
 
+-- 16 principals in 4 tenants: principal p is scope p + 1.
+INSERT INTO tombstoned_hash.idempotency_scopes (scope_id, tenant_id, principal_id, operation)
+SELECT p + 1, 'tenant-' || p / 4, 'principal-' || p, 'create-order'
+FROM generate_series(0, 15) AS p;
+
 -- i % 20 = 0: live (deadline tomorrow); the others tombstones of the last 400 days.
 INSERT INTO tombstoned_hash.idempotency_records
-    (tenant_id, principal_id, operation, idempotency_key, fingerprint, status_code,
-     response_body, order_id, created_at, replay_deadline, expired, expired_at)
-SELECT 'tenant-' || (i % 16) / 4, 'principal-' || i % 16, 'create-order',
-       md5('key/' || i)::uuid::text, sha256(convert_to('fp/' || i, 'UTF8')), 201,
+    (scope_id, idempotency_key, fingerprint, status_code, response_body, order_id, created_at,
+     replay_deadline, expired, expired_at)
+SELECT 1 + i % 16, md5('key/' || i)::uuid::text, sha256(convert_to('fp/' || i, 'UTF8')), 201,
        CASE WHEN live THEN jsonb_build_object('status', 'created') END,
        md5('ord/' || i)::uuid, deadline - interval '24 hours', deadline,
        NOT live, CASE WHEN NOT live THEN deadline + interval '3 minutes' END
@@ -67,4 +73,5 @@ SELECT c.relname::text AS relation,
        pg_total_relation_size(c.oid) AS total_bytes
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = 'tombstoned_hash' AND c.relkind = 'r'
+  AND c.relname LIKE 'idempotency_records%'
 ORDER BY 1;
