@@ -1417,7 +1417,13 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
             d.idle_timeout,
         ),
     };
-    if api_listen_ok && metrics_listen_ok && api.enabled && api.listen == metrics.listen {
+    // Port 0 twice is two ports the OS picks, not one address twice.
+    if api_listen_ok
+        && metrics_listen_ok
+        && api.enabled
+        && api.listen == metrics.listen
+        && api.listen.port() != 0
+    {
         p.push(ConfigError::Invalid {
             key: "metrics.listen",
             reason: format!("{} is also api.listen", metrics.listen),

@@ -99,6 +99,11 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     } else {
         None
     };
+    // What the listeners are bound to: the configured addresses, with the OS's port for port 0.
+    let metrics_addr = ops_listener.local_addr().unwrap_or(config.metrics.listen);
+    let api_addr = api
+        .as_ref()
+        .map(|(_, l)| l.local_addr().unwrap_or(config.api.listen));
     // The relay reads its secret and CA files now: an unusable one is a configuration error
     // (exit 64) before readiness, not a relay failing in the background.
     let relay = if config.outbox.enabled {
@@ -188,12 +193,12 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         notifier.spawn_watchdog(move || health.check(), stop_ops.clone())
     });
 
-    notifier.ready(&ready_line(&config, &scheduler_status.borrow()));
+    notifier.ready(&ready_line(api_addr, &scheduler_status.borrow()));
     tracing::info!(
         database = %config.database.url,
         schema = %config.database.schema,
-        api = %if config.api.enabled { config.api.listen.to_string() } else { "disabled".into() },
-        metrics = %config.metrics.listen,
+        api = %api_addr.map_or_else(|| "disabled".to_owned(), |a| a.to_string()),
+        metrics = %metrics_addr,
         cleanup = %if config.cleanup.enabled { config.cleanup.schedule.to_string() } else { "disabled".into() },
         outbox = %if config.outbox.enabled { config.outbox.endpoint_display() } else { "disabled".into() },
         "tombstoned ready"
@@ -206,7 +211,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             _ = hup.recv() => {
                 notifier.reloading();
                 current = reload(config_path.as_deref(), &current, &config_tx, api_state.as_ref());
-                notifier.ready(&ready_line(&current, &scheduler_status.borrow()));
+                notifier.ready(&ready_line(api_addr, &scheduler_status.borrow()));
             }
         }
     }
@@ -322,11 +327,10 @@ pub struct ListenError {
     pub source: std::io::Error,
 }
 
-fn ready_line(config: &Config, status: &SchedulerStatus) -> String {
-    let api = if config.api.enabled {
-        format!("api on {}", config.api.listen)
-    } else {
-        "api disabled".to_owned()
+fn ready_line(api_addr: Option<std::net::SocketAddr>, status: &SchedulerStatus) -> String {
+    let api = match api_addr {
+        Some(addr) => format!("api on {addr}"),
+        None => "api disabled".to_owned(),
     };
     format!("{api}; {}", status.summary())
 }

@@ -24,6 +24,7 @@ mod dist;
 mod error_text;
 mod examples;
 mod lease;
+mod listen_any_port;
 mod multihost;
 mod ops_server;
 mod ops_support;
