@@ -20,6 +20,7 @@ mod daemon_support;
 mod dashboard;
 mod db_faults;
 mod demo;
+mod demo_keep;
 mod dist;
 mod error_text;
 mod examples;
