@@ -22,6 +22,7 @@ mod db_faults;
 mod demo;
 mod demo_keep;
 mod dist;
+mod doc_samples;
 mod error_text;
 mod examples;
 mod lease;
