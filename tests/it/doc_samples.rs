@@ -375,12 +375,14 @@ async fn the_http_walkthrough_is_what_the_daemon_answers() {
                 )
                 .await
                 .unwrap();
-            let cleanup = Command::new(binary())
-                .arg("cleanup")
-                .env_clear()
-                .env("TOMBSTONED_DATABASE_URL", &db.url)
-                .output()
-                .unwrap();
+            let cleanup = tokio::task::block_in_place(|| {
+                Command::new(binary())
+                    .arg("cleanup")
+                    .env_clear()
+                    .env("TOMBSTONED_DATABASE_URL", &db.url)
+                    .output()
+                    .unwrap()
+            });
             assert!(cleanup.status.success(), "{cleanup:?}");
         }
         for printed in shell.run(&block).await {
@@ -436,7 +438,7 @@ async fn the_outbox_samples_are_what_the_relay_commands_print() {
     let dead_letter: Uuid = DOC_DEAD_LETTER.parse().unwrap();
     order_with_event(&client, dead_letter).await;
     receiver.script(&[Behaviour::Status(410)]);
-    let deliver = shell.output("tombstoned outbox deliver");
+    let deliver = tokio::task::block_in_place(|| shell.output("tombstoned outbox deliver"));
     assert_eq!(deliver.status.code(), Some(75), "{deliver:?}");
     for block in samples("outbox") {
         if step(&block) == Some("more-events") {
