@@ -8,6 +8,9 @@
 //!   prints. A group is a setting this file prepares (a database in some state, a daemon, a
 //!   webhook receiver, environment variables); its blocks run in document order, and a STEP names
 //!   what this file does to the group's state before that block (e.g. `after-expiry`).
+//! - One sample is not a command's output but a request the relay sends: the ```` ```http ````
+//!   block after `<!-- sample: webhook -->` is compared with what a listener of this file
+//!   receives from `tombstoned outbox deliver` (headers as sent, in their order).
 //! - Compared: the command's stdout; when it exits non-zero, its stdout and then its stderr.
 //!   Commands run with `bash -c` in the repository root, the `tombstoned` under test first on
 //!   `PATH`, and only the group's environment. `/etc/tombstoned/tombstoned.toml` in a command
@@ -48,7 +51,11 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("first-run", &["after-dry-run", "after-cleanup"]),
     ("explain", &[]),
     ("error-line", &[]),
+    ("webhook", &[]),
 ];
+
+/// Groups whose sample is not a console block: (group, language).
+const NOT_CONSOLE: &[(&str, &str)] = &[("webhook", "http")];
 
 /// Languages of fenced blocks that are not output (code, configuration, requests to copy).
 const NOT_OUTPUT: &[&str] = &[
@@ -253,20 +260,8 @@ impl Shell {
             if !output.status.success() {
                 actual.push_str(&String::from_utf8_lossy(&output.stderr));
             }
-            // HTTP header lines (curl -i) end in CRLF; a body may end without a newline, and a
-            // sample's blank line before the next command is no output.
-            let actual = format!("{}\n", actual.replace("\r\n", "\n").trim_end());
-            let expected = format!("{}\n", expected.trim_end());
             let label = format!("{}:{}: $ {command}", block.file, block.line);
-            let r = redactions();
-            let compared = Assert::new()
-                .palette(snapbox::report::Palette::plain())
-                .try_eq(
-                    Some(&label),
-                    r.redact(&actual).into_data(),
-                    r.redact(&expected).into_data(),
-                );
-            if let Err(e) = compared {
+            if let Err(e) = compare(&label, &actual, &expected) {
                 self.failures.push(format!(
                     "{label}\n(exit {:?}; stderr: {})\n{e}\n--- printed in full:\n{actual}",
                     output.status.code(),
@@ -286,6 +281,22 @@ impl Shell {
             self.failures.join("\n\n")
         );
     }
+}
+
+/// `actual` against the sample's `expected`, both redacted; HTTP's CRLF line ends (curl -i) read
+/// as LF, and trailing blank lines (a body without a final newline, the blank line before the
+/// sample's next command) do not count.
+fn compare(label: &str, actual: &str, expected: &str) -> Result<(), snapbox::assert::Error> {
+    let actual = format!("{}\n", actual.replace("\r\n", "\n").trim_end());
+    let expected = format!("{}\n", expected.trim_end());
+    let r = redactions();
+    Assert::new()
+        .palette(snapbox::report::Palette::plain())
+        .try_eq(
+            Some(&label),
+            r.redact(&actual).into_data(),
+            r.redact(&expected).into_data(),
+        )
 }
 
 fn step(block: &Block) -> Option<&str> {
@@ -314,6 +325,9 @@ fn every_output_block_is_a_sample_this_file_runs() {
                     }
                 }
             },
+            (lang, Some((group, None))) if NOT_CONSOLE.contains(&(group.as_str(), lang)) => {
+                groups_seen.insert(group.clone());
+            }
             ("console", None) => problems.push(format!(
                 "{at}: a console block without a `<!-- sample: GROUP -->` line: no test runs it"
             )),
@@ -514,4 +528,77 @@ async fn the_explain_sample_is_the_plan_cleanup_prints() {
         shell.run(&block).await;
     }
     shell.finish();
+}
+
+/// One HTTP/1.1 request read off `stream` (headers, then `content-length` bytes of body), answered
+/// 204; returns its text as received.
+async fn receive_one(listener: tokio::net::TcpListener) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (mut stream, _) = listener.accept().await.unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the relay closed before its request was complete");
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if raw.len() >= end + 4 + length {
+                break;
+            }
+        }
+    }
+    stream
+        .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// The README's webhook: an order created through the API (with the walkthrough's body), then
+/// `tombstoned outbox deliver` to a listener of this test at `/hooks/orders`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_sample_is_what_the_relay_sends() {
+    let db = TestDb::new().await;
+    let daemon = Daemon::start(Spec::new(&db.url)).await;
+    let created = daemon
+        .create_order(
+            "example-acme-alice-token",
+            &format!("checkout-{DOC_RUN}"),
+            &serde_json::json!({
+                "request_id": format!("PR-{DOC_RUN}"), "amount": "100.00", "item": "SKU-42",
+                "recipient": "Li Wei", "metadata": {"trace_id": "abc"}
+            }),
+        )
+        .await;
+    assert_eq!(created.status, 201);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!(
+        "http://127.0.0.1:{}/hooks/orders",
+        listener.local_addr().unwrap().port()
+    );
+    let received = tokio::spawn(receive_one(listener));
+    let (_secret_dir, secret) = secret_file();
+    let secret = secret.display().to_string();
+    let shell = Shell::new(&[
+        ("TOMBSTONED_DATABASE_URL", &db.url),
+        ("TOMBSTONED_OUTBOX__ENDPOINT", &endpoint),
+        ("TOMBSTONED_OUTBOX__SECRET_FILE", &secret),
+    ]);
+    let deliver = tokio::task::block_in_place(|| shell.output("tombstoned outbox deliver"));
+    assert!(deliver.status.success(), "{deliver:?}");
+    let request = received.await.unwrap();
+    let mut failures = Vec::new();
+    for block in samples("webhook") {
+        let label = format!("{}:{}: the webhook request", block.file, block.line);
+        if let Err(e) = compare(&label, &request, &block.body) {
+            failures.push(format!("{e}\n--- received in full:\n{request}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
