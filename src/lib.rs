@@ -70,6 +70,7 @@ pub mod outbox;
 pub mod pg_cluster;
 pub mod schedule;
 pub mod scheduler;
+pub(crate) mod settings;
 pub(crate) mod signals;
 pub mod sql_api;
 pub mod status;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use reqwest::Url;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{duration, in_range, positive, ConfigError, Problems};
+use crate::settings::{duration, in_range, positive, ConfigError, Problems};
 
 /// How many failed attempts turn a permanently refused event into a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
