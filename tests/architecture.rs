@@ -41,8 +41,9 @@
 //! How: a small lexer blanks out comments and string literals (keeping the literals aside for
 //! rule 3), so that a word in a doc comment or an error message never counts; module
 //! references are read from paths (`crate::x`, `crate::{x, y}`, `super::x` resolved against the
-//! file's own module path). The `scanner` tests below show that every rule fails on a small
-//! broken fixture.
+//! file's own module path). The module graph of rule 5 is made of the same paths, followed to
+//! their end (`crate::http::state::X` → `http`, then `http::state`), one graph per folder. The
+//! `scanner` tests below show that every rule fails on a small broken fixture.
 
 use std::path::{Path, PathBuf};
 
