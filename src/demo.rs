@@ -24,7 +24,6 @@ use crate::config::Config;
 use crate::db::{self, migrations};
 use crate::pg_cluster::{ClusterOptions, ThrowawayCluster};
 use crate::signals::GracefulStop;
-use crate::stdout::{self, StdoutError};
 
 /// `retention.replay_window` of the demo daemon unless `--replay-window` says otherwise.
 pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(5);
@@ -84,11 +83,16 @@ pub enum Finished {
     Interrupted,
 }
 
-/// Runs the demo. SIGINT/SIGTERM stop the story and tear everything down; a second signal exits
-/// at once (130), leaving whatever was not yet removed.
-pub async fn run(options: DemoOptions) -> anyhow::Result<Finished> {
+/// Where the story goes: the edge's writer to standard output, given by `tombstoned demo` (the
+/// demo names no output of its own). Its error is returned as it is, so the edge still tells a
+/// reader that went away from any other failure.
+pub type Print = fn(&str) -> anyhow::Result<()>;
+
+/// Runs the demo, its story written through `print`. SIGINT/SIGTERM stop the story and tear
+/// everything down; a second signal exits at once (130), leaving whatever was not yet removed.
+pub async fn run(options: DemoOptions, print: Print) -> anyhow::Result<Finished> {
     let started = Instant::now();
-    let mut out = Printer::new();
+    let mut out = Printer::new(print);
     let interrupted = CancellationToken::new();
     GracefulStop::install()?.spawn(
         interrupted.clone(),
@@ -128,12 +132,10 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Finished> {
     };
     let story_took = started.elapsed();
     if let (Ok(()), true, Some(d)) = (&story, options.keep, &daemon) {
-        story = out
-            .keep_notice(d, &cluster, workdir.path(), window)
-            .map_err(Into::into);
+        story = out.keep_notice(d, &cluster, workdir.path(), window);
         if story.is_ok() {
             interrupted.cancelled().await;
-            story = out.print("\n").map_err(Into::into);
+            story = out.print("\n");
         }
     }
     if let Some(d) = daemon.take() {
@@ -717,18 +719,20 @@ async fn read(what: &str, request: reqwest::RequestBuilder) -> anyhow::Result<An
     })
 }
 
-/// Writes the story to stdout: numbered steps, answers, quotes, and one-line reasons. Bold and
-/// dim only at a terminal, and never with `NO_COLOR` set. A closed stdout is an error (the story
-/// stops, everything is torn down, and the command ends quietly).
+/// Writes the story to stdout (through the edge's [`Print`]): numbered steps, answers, quotes,
+/// and one-line reasons. Bold and dim only at a terminal, and never with `NO_COLOR` set. A closed
+/// stdout is an error (the story stops, everything is torn down, and the command ends quietly).
 struct Printer {
     step: usize,
     styled: bool,
+    write: Print,
 }
 
 impl Printer {
-    fn new() -> Self {
+    fn new(write: Print) -> Self {
         Printer {
             step: 0,
+            write,
             styled: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
         }
     }
@@ -741,29 +745,29 @@ impl Printer {
         }
     }
 
-    fn print(&self, text: &str) -> Result<(), StdoutError> {
-        stdout::print(text)
+    fn print(&self, text: &str) -> anyhow::Result<()> {
+        (self.write)(text)
     }
 
-    fn title(&self, text: &str) -> Result<(), StdoutError> {
+    fn title(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!("{}\n", self.style("1", text)))
     }
 
-    fn step(&mut self, title: &str) -> Result<(), StdoutError> {
+    fn step(&mut self, title: &str) -> anyhow::Result<()> {
         self.step += 1;
         let head = format!("[{}/{STEPS}] {title}", self.step);
         self.print(&format!("\n{}\n", self.style("1", &head)))
     }
 
-    fn line(&self, text: &str) -> Result<(), StdoutError> {
+    fn line(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!("      {text}\n"))
     }
 
-    fn quote(&self, text: &str) -> Result<(), StdoutError> {
+    fn quote(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!("      | {text}\n"))
     }
 
-    fn answer(&self, answer: &Answer, detail: &str) -> Result<(), StdoutError> {
+    fn answer(&self, answer: &Answer, detail: &str) -> anyhow::Result<()> {
         let mut line = format!("-> {} {}", answer.status, answer.reason);
         if !detail.is_empty() {
             let _ = write!(line, "  {detail}");
@@ -771,7 +775,7 @@ impl Printer {
         self.print(&format!("      {}\n", self.style("1", &line)))
     }
 
-    fn why(&self, text: &str) -> Result<(), StdoutError> {
+    fn why(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!(
             "      {}\n",
             self.style("2", &format!("why: {text}"))
@@ -784,7 +788,7 @@ impl Printer {
         cluster: &ThrowawayCluster,
         workdir: &Path,
         window: Duration,
-    ) -> Result<(), StdoutError> {
+    ) -> anyhow::Result<()> {
         self.print(&format!(
             "\n{}\n",
             self.style("1", "Still running (--keep):")
@@ -811,7 +815,7 @@ impl Printer {
         self.print("Press Ctrl-C to stop the daemon and remove everything.\n")
     }
 
-    fn done(&self, text: &str) -> Result<(), StdoutError> {
+    fn done(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!("\n{text}\n"))
     }
 }
