@@ -1477,6 +1477,91 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
     drop(daemon);
 }
 
+/// V5: two first claims of one NEW scope (different keys) at once, under READ COMMITTED. The
+/// second waits for the first's uncommitted scope row (a Lock wait observed); after COMMIT it
+/// finds the row with a new statement, after ROLLBACK it inserts it itself: both own their key,
+/// one scope row, and no sequence value is spent by a claim of a scope that exists.
+#[tokio::test]
+async fn two_first_claims_of_a_new_scope_both_own_their_keys_after_commit_or_rollback() {
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    let svc = Service::create(&db).await;
+    let first = &svc.client;
+    let second = Service::connect(&db, &svc.role).await;
+    let waiter_pid: i32 = second
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let fp = fingerprint(first, &intent_of("scope", 1)).await;
+    let claim_in = |tenant: String, key: &'static str| {
+        let fp = fp.clone();
+        let sql = format!(
+            "SELECT outcome FROM tombstoned.claim($1, 'fresh', 'op', $2, $3, '1 hour', '30 s')"
+        );
+        (tenant, key, fp, sql)
+    };
+    for (ends, tenant) in [("COMMIT", "new-a"), ("ROLLBACK", "new-b")] {
+        first.batch_execute("BEGIN").await.unwrap();
+        let (t, k, f, sql) = claim_in(tenant.to_owned(), "k-first");
+        let owner: String = first.query_one(&sql, &[&t, &k, &f]).await.unwrap().get(0);
+        assert_eq!(owner, "owner");
+        second.batch_execute("BEGIN").await.unwrap();
+        let (t2, k2, f2, sql2) = claim_in(tenant.to_owned(), "k-second");
+        let waiting = async { second.query_one(&sql2, &[&t2, &k2, &f2]).await };
+        let release = async {
+            wait_until_lock_wait(&observer, waiter_pid, PATIENCE).await;
+            if ends == "COMMIT" {
+                let body = serde_json::json!({"first": true});
+                first
+                    .query_one(
+                        "SELECT tombstoned.complete($1, 'fresh', 'op', 'k-first', 201, $2)",
+                        &[&t, &body],
+                    )
+                    .await
+                    .unwrap();
+            }
+            first.batch_execute(ends).await.unwrap();
+        };
+        let (answer, ()) = tokio::join!(waiting, release);
+        assert_eq!(answer.unwrap().get::<_, String>(0), "owner", "{ends}");
+        let body = serde_json::json!({"second": true});
+        second
+            .query_one(
+                "SELECT tombstoned.complete($1, 'fresh', 'op', 'k-second', 201, $2)",
+                &[&t2, &body],
+            )
+            .await
+            .unwrap();
+        second.batch_execute("COMMIT").await.unwrap();
+        let row = observer
+            .query_one(
+                "SELECT (SELECT count(*) FROM idempotency_scopes WHERE tenant_id = $1),
+                        (SELECT count(*) FROM idempotency_cards WHERE tenant_id = $1)",
+                &[&t],
+            )
+            .await
+            .unwrap();
+        let expected_records = if ends == "COMMIT" { 2 } else { 1 };
+        assert_eq!(
+            (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+            (1, expected_records),
+            "{ends}"
+        );
+    }
+    // Claims of a scope that exists never touch the sequence.
+    let last = "SELECT last_value FROM idempotency_scopes_scope_id_seq";
+    let before: i64 = observer.query_one(last, &[]).await.unwrap().get(0);
+    first.batch_execute("BEGIN").await.unwrap();
+    let (t, _, f, sql) = claim_in("new-a".to_owned(), "k-third");
+    let k = "k-third";
+    let owner: String = first.query_one(&sql, &[&t, &k, &f]).await.unwrap().get(0);
+    assert_eq!(owner, "owner");
+    first.batch_execute("ROLLBACK").await.unwrap();
+    let after: i64 = observer.query_one(last, &[]).await.unwrap().get(0);
+    assert_eq!(after, before);
+}
+
 /// The card's columns, in a fixed order, as one text per record: before V5 read from the table,
 /// from V5 on through the `idempotency_cards` view.
 const CARD_CHECKSUM: &str = "SELECT count(*), md5(string_agg(concat_ws('|', tenant_id,
