@@ -9,7 +9,7 @@
 //!   right after a CHECKPOINT, with `pg_waldump --stats` over exactly its WAL (records vs
 //!   full-page images); then VACUUM and the file sizes of the cleaned table.
 //! * V4's layout against this one, side by side in the same run: the same generated records
-//!   (200,000 live, then 200,000 tombstones; 50,000 with `--quick`) seeded into a database
+//!   (200,000 live, then 200,000 tombstones; 100,000 with `--quick`) seeded into a database
 //!   migrated to V4 and into one migrated to the current schema, loaded and indexed alike, bytes
 //!   per live record and per tombstone by the same difference method; then the V5 migration
 //!   timed on the V4 copy (seconds per million rows).
@@ -374,7 +374,7 @@ pub async fn scenario5(bench: &mut Bench) -> Result<ScenarioResult> {
     let wal_per_row = run.wal_bytes as f64 / run.rows.max(1) as f64;
 
     // The V4 layout and this one side by side, on the same records; the upgrade's time.
-    let layout_rows = if bench.scale.quick { 50_000 } else { 200_000 };
+    let layout_rows = if bench.scale.quick { 100_000 } else { 200_000 };
     let (layouts, upgrade) = measure_layouts(bench, layout_rows).await?;
 
     let quick = bench.scale.quick;
