@@ -1494,30 +1494,27 @@ async fn two_first_claims_of_a_new_scope_both_own_their_keys_after_commit_or_rol
         .unwrap()
         .get(0);
     let fp = fingerprint(first, &intent_of("scope", 1)).await;
-    let claim_in = |tenant: String, key: &'static str| {
-        let fp = fp.clone();
-        let sql = format!(
-            "SELECT outcome FROM tombstoned.claim($1, 'fresh', 'op', $2, $3, '1 hour', '30 s')"
-        );
-        (tenant, key, fp, sql)
-    };
+    // `$1` tenant (a scope of its own per round), `$2` key, `$3` fingerprint.
+    let claim_sql =
+        "SELECT outcome FROM tombstoned.claim($1, 'fresh', 'op', $2, $3, '1 hour', '30 s')";
+    let complete_sql = "SELECT tombstoned.complete($1, 'fresh', 'op', $2, 201, '{}'::jsonb)";
     for (ends, tenant) in [("COMMIT", "new-a"), ("ROLLBACK", "new-b")] {
         first.batch_execute("BEGIN").await.unwrap();
-        let (t, k, f, sql) = claim_in(tenant.to_owned(), "k-first");
-        let owner: String = first.query_one(&sql, &[&t, &k, &f]).await.unwrap().get(0);
+        let owner: String = first
+            .query_one(claim_sql, &[&tenant, &"k-first", &fp])
+            .await
+            .unwrap()
+            .get(0);
         assert_eq!(owner, "owner");
         second.batch_execute("BEGIN").await.unwrap();
-        let (t2, k2, f2, sql2) = claim_in(tenant.to_owned(), "k-second");
-        let waiting = async { second.query_one(&sql2, &[&t2, &k2, &f2]).await };
+        let second_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&tenant, &"k-second", &fp];
+        let waiting = second.query_one(claim_sql, &second_params);
         let release = async {
             wait_until_lock_wait(&observer, waiter_pid, PATIENCE).await;
             if ends == "COMMIT" {
-                let body = serde_json::json!({"first": true});
                 first
-                    .query_one(
-                        "SELECT tombstoned.complete($1, 'fresh', 'op', 'k-first', 201, $2)",
-                        &[&t, &body],
-                    )
+                    .query_one(complete_sql, &[&tenant, &"k-first"])
                     .await
                     .unwrap();
             }
@@ -1525,12 +1522,8 @@ async fn two_first_claims_of_a_new_scope_both_own_their_keys_after_commit_or_rol
         };
         let (answer, ()) = tokio::join!(waiting, release);
         assert_eq!(answer.unwrap().get::<_, String>(0), "owner", "{ends}");
-        let body = serde_json::json!({"second": true});
         second
-            .query_one(
-                "SELECT tombstoned.complete($1, 'fresh', 'op', 'k-second', 201, $2)",
-                &[&t2, &body],
-            )
+            .query_one(complete_sql, &[&tenant, &"k-second"])
             .await
             .unwrap();
         second.batch_execute("COMMIT").await.unwrap();
@@ -1538,7 +1531,7 @@ async fn two_first_claims_of_a_new_scope_both_own_their_keys_after_commit_or_rol
             .query_one(
                 "SELECT (SELECT count(*) FROM idempotency_scopes WHERE tenant_id = $1),
                         (SELECT count(*) FROM idempotency_cards WHERE tenant_id = $1)",
-                &[&t],
+                &[&tenant],
             )
             .await
             .unwrap();
@@ -1553,9 +1546,11 @@ async fn two_first_claims_of_a_new_scope_both_own_their_keys_after_commit_or_rol
     let last = "SELECT last_value FROM idempotency_scopes_scope_id_seq";
     let before: i64 = observer.query_one(last, &[]).await.unwrap().get(0);
     first.batch_execute("BEGIN").await.unwrap();
-    let (t, _, f, sql) = claim_in("new-a".to_owned(), "k-third");
-    let k = "k-third";
-    let owner: String = first.query_one(&sql, &[&t, &k, &f]).await.unwrap().get(0);
+    let owner: String = first
+        .query_one(claim_sql, &[&"new-a", &"k-third", &fp])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(owner, "owner");
     first.batch_execute("ROLLBACK").await.unwrap();
     let after: i64 = observer.query_one(last, &[]).await.unwrap().get(0);
@@ -1714,16 +1709,8 @@ async fn v5_upgrades_a_populated_v4_database_in_place() {
     let expired = lookup(c, "v4-pay", &fp_pay).await.unwrap().unwrap();
     assert_eq!(expired.outcome, "expired");
     assert_eq!(expired.resource_id.as_deref(), Some("pay-v4-pay"));
-    let totals = admin
-        .query_one(
-            "SELECT count(*) FILTER (WHERE expired), count(*) FILTER (WHERE NOT expired)
-             FROM idempotency_records",
-            &[],
-        )
-        .await
-        .unwrap();
     assert_eq!(
-        (totals.get::<_, i64>(0), totals.get::<_, i64>(1)),
+        crate::cleanup_support::counts(&admin).await,
         (42, 10 + 1 + 1)
     );
 }
