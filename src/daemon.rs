@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -25,7 +26,7 @@ use crate::db::{self, migrations};
 use crate::fd_budget::{self, FdPlan};
 use crate::http::{self, ApiState};
 use crate::metrics::Metrics;
-use crate::ops::listener::{self, OpsState};
+use crate::ops::listener::{self, OpsServerError, OpsState};
 use crate::ops::readiness::ReadinessProbe;
 use crate::ops::systemd::Notifier;
 use crate::ops::watchdog::WatchdogHealth;
@@ -49,46 +50,117 @@ const SCHEDULER_STOP_BOUND: Duration = Duration::from_secs(10);
 const RELAY_STOP_SLACK: Duration = Duration::from_secs(30);
 
 /// Runs the daemon until SIGTERM or SIGINT. `config_path` is re-read on SIGHUP.
+///
+/// What it starts, in order: every step before `announce_ready` can still refuse the start.
 pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let notifier = Notifier::from_env();
     let metrics = Arc::new(Metrics::new().context("cannot register the metrics")?);
+    let api_state = open_api_pool(&config, &metrics)?;
+    check_schema(&config).await?;
+    check_replica_lag_visible(&config).await?;
+    let fds = file_descriptor_budget(&config)?;
+    let (ops_listener, api) = bind_listeners(&config, api_state).await?;
+    let bound = Bound::of(&config, &ops_listener, api.as_ref());
+    let relay = open_relay(&config, &metrics)?;
+    let mut signals = install_signals()?;
 
-    // The API's pool opens its first connection while the start-up check below opens its own:
-    // with a multi-host URL whose first host is silent, each pays `connect_timeout` on it side
-    // by side, not one after the other, so the first request is served one `connect_timeout`
-    // after start, not two. (Detached: bounded by the pool's own wait; the connection goes back
-    // to the pool, or nowhere if the check fails and the process exits.)
-    let api_state = if config.api.enabled {
-        let state = ApiState::new(&config, metrics.clone())?;
+    let stop = Stops::default();
+    let readiness = readiness_probe(&config, api.as_ref().map(|(state, _)| state));
+    let ops = start_ops_listener(ops_listener, &config, &fds, &metrics, &readiness, &stop);
+    let api_state = api.as_ref().map(|(state, _)| state.clone());
+    let api = start_api(api, &fds, &stop);
+    let (config_tx, scheduler_status, scheduler) = start_scheduler(&config, &metrics, &stop);
+    let relay = start_relay(relay, &stop);
+    let health = start_health(&notifier, &scheduler_status, &readiness, &config_tx, &stop).await;
+
+    announce_ready(&notifier, &config, &bound, &scheduler_status);
+    let running = Running {
+        notifier: &notifier,
+        config_path: config_path.as_deref(),
+        config_tx: &config_tx,
+        api: api_state.as_ref(),
+        scheduler_status: &scheduler_status,
+        bound: &bound,
+    };
+    let current = running.until_stopped(&mut signals, config).await;
+
+    let tasks = Tasks {
+        api,
+        scheduler,
+        relay,
+        health,
+        ops,
+    };
+    shut_down(tasks, &current, &notifier, &readiness, &stop).await;
+    Ok(())
+}
+
+/// The two stops of shutdown: the work first, the operations listener last.
+#[derive(Default)]
+struct Stops {
+    /// API, scheduler and outbox relay.
+    work: CancellationToken,
+    /// Metrics listener, probe, watchdog: last.
+    ops: CancellationToken,
+}
+
+/// The tasks [`serve`] started, awaited by [`shut_down`] in their order.
+struct Tasks {
+    api: Option<JoinHandle<Result<(), http::ApiError>>>,
+    scheduler: JoinHandle<()>,
+    relay: Option<JoinHandle<()>>,
+    /// The systemd status mirror, the readiness refresh and the watchdog.
+    health: Vec<JoinHandle<()>>,
+    ops: JoinHandle<Result<(), OpsServerError>>,
+}
+
+/// The API's state, its pool opening its first connection in the background.
+///
+/// The API's pool opens its first connection while the start-up check below opens its own:
+/// with a multi-host URL whose first host is silent, each pays `connect_timeout` on it side
+/// by side, not one after the other, so the first request is served one `connect_timeout`
+/// after start, not two. (Detached: bounded by the pool's own wait; the connection goes back
+/// to the pool, or nowhere if the check fails and the process exits.)
+fn open_api_pool(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Option<ApiState>> {
+    Ok(if config.api.enabled {
+        let state = ApiState::new(config, metrics.clone())?;
         let pool = state.pool().clone();
         tokio::spawn(async move { drop(pool.get().await) });
         Some(state)
     } else {
         None
-    };
-    // Database reachable and schema current, or no start at all (exit 69; systemd retries).
-    {
-        let session = db::connect(&config.database, "serve").await?;
-        let status = migrations::status(&session.conn(), None).await?;
-        if let Some(problem) = status.problem() {
-            return Err(migrations::SchemaNotCurrent(problem).into());
-        }
-        if let Some(api_version) = sql_api::schema_version(&session.conn()).await? {
-            sql_api::require_known(api_version)
-                .map_err(|unknown| migrations::SchemaNotCurrent(unknown.to_string()))?;
-        }
+    })
+}
+
+/// Database reachable and schema current, or no start at all (exit 69; systemd retries).
+async fn check_schema(config: &Config) -> anyhow::Result<()> {
+    let session = db::connect(&config.database, "serve").await?;
+    let status = migrations::status(&session.conn(), None).await?;
+    if let Some(problem) = status.problem() {
+        return Err(migrations::SchemaNotCurrent(problem).into());
     }
-    // A throttle the role cannot observe is refused now, once (exit 64), not at every run.
+    if let Some(api_version) = sql_api::schema_version(&session.conn()).await? {
+        sql_api::require_known(api_version)
+            .map_err(|unknown| migrations::SchemaNotCurrent(unknown.to_string()))?;
+    }
+    Ok(())
+}
+
+/// A throttle the role cannot observe is refused now, once (exit 64), not at every run.
+async fn check_replica_lag_visible(config: &Config) -> anyhow::Result<()> {
     crate::cleanup::check_replica_lag_visible(&config.database, &config.cleanup)
         .await
-        .context("checking cleanup.max_replica_lag")?;
+        .context("checking cleanup.max_replica_lag")
+}
 
-    let fds = file_descriptor_budget(&config)?;
-
-    // Bind both listeners before announcing readiness; a taken port is a configuration error.
+/// Binds both listeners before announcing readiness; a taken port is a configuration error.
+async fn bind_listeners(
+    config: &Config,
+    api_state: Option<ApiState>,
+) -> anyhow::Result<(TcpListener, Option<(ApiState, TcpListener)>)> {
     let ops_listener = listener::bind(config.metrics.listen).await?;
     let api = if let Some(state) = api_state {
-        let listener = tokio::net::TcpListener::bind(config.api.listen)
+        let listener = TcpListener::bind(config.api.listen)
             .await
             .map_err(|source| ListenError {
                 key: "api.listen",
@@ -99,9 +171,29 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     } else {
         None
     };
-    // The relay reads its secret and CA files now: an unusable one is a configuration error
-    // (exit 64) before readiness, not a relay failing in the background.
-    let relay = if config.outbox.enabled {
+    Ok((ops_listener, api))
+}
+
+/// What the listeners are bound to: the configured addresses, with the OS's port for port 0.
+#[derive(Clone, Copy)]
+struct Bound {
+    api: Option<std::net::SocketAddr>,
+    metrics: std::net::SocketAddr,
+}
+
+impl Bound {
+    fn of(config: &Config, ops: &TcpListener, api: Option<&(ApiState, TcpListener)>) -> Self {
+        Bound {
+            api: api.map(|(_, l)| l.local_addr().unwrap_or(config.api.listen)),
+            metrics: ops.local_addr().unwrap_or(config.metrics.listen),
+        }
+    }
+}
+
+/// The relay reads its secret and CA files now: an unusable one is a configuration error
+/// (exit 64) before readiness, not a relay failing in the background.
+fn open_relay(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Option<Relay>> {
+    Ok(if config.outbox.enabled {
         Some(Relay::new(
             &config.database,
             &config.outbox,
@@ -110,12 +202,14 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         )?)
     } else {
         None
-    };
+    })
+}
 
-    // Signals: SIGHUP reloads; the first SIGTERM/SIGINT stops gracefully, a second exits at once.
-    // Installed before /readyz can answer 200: a client that saw "ready" may signal at once, and
-    // a signal that arrives before its handler would kill the process (SIGHUP's default). One
-    // that arrives during the rest of start-up is acted on when the main loop begins.
+/// Signals: SIGHUP reloads; the first SIGTERM/SIGINT stops gracefully, a second exits at once.
+/// Installed before /readyz can answer 200: a client that saw "ready" may signal at once, and
+/// a signal that arrives before its handler would kill the process (SIGHUP's default). One
+/// that arrives during the rest of start-up is acted on when the main loop begins.
+fn install_signals() -> anyhow::Result<(CancellationToken, Signal)> {
     let signalled = CancellationToken::new();
     GracefulStop::install()?.spawn(
         signalled.clone(),
@@ -125,15 +219,28 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         ),
         "second signal: exiting at once",
     );
-    let mut hup = signal(SignalKind::hangup()).context("cannot install a handler for SIGHUP")?;
+    let hup = signal(SignalKind::hangup()).context("cannot install a handler for SIGHUP")?;
+    Ok((signalled, hup))
+}
 
-    let stop_work = CancellationToken::new(); // API, scheduler and outbox relay
-    let stop_ops = CancellationToken::new(); // metrics listener, probe, watchdog: last
+/// The readiness probe: the database, and with the API its pool and health.
+fn readiness_probe(config: &Config, api: Option<&ApiState>) -> Arc<ReadinessProbe> {
     let readiness = ReadinessProbe::new(config.database.clone());
-    let readiness = Arc::new(match &api {
-        Some((state, _)) => readiness.with_api(state.pool().clone(), state.health().clone()),
+    Arc::new(match api {
+        Some(state) => readiness.with_api(state.pool().clone(), state.health().clone()),
         None => readiness,
-    });
+    })
+}
+
+/// The metrics and health listener, stopped last.
+fn start_ops_listener(
+    ops_listener: TcpListener,
+    config: &Config,
+    fds: &FdPlan,
+    metrics: &Arc<Metrics>,
+    readiness: &Arc<ReadinessProbe>,
+    stop: &Stops,
+) -> JoinHandle<Result<(), OpsServerError>> {
     // The API's state reports its pool's connections on /metrics (Metrics::observe_pool).
     let ops_state =
         OpsState::new(metrics.clone(), readiness.clone()).with_limits(ConnectionLimits {
@@ -142,14 +249,20 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             idle_timeout: config.metrics.idle_timeout,
             drain_timeout: listener::REQUEST_DRAIN,
         });
-    let ops_task = tokio::spawn(listener::serve_metrics(
+    tokio::spawn(listener::serve_metrics(
         ops_listener,
         ops_state,
-        stop_ops.clone(),
-    ));
+        stop.ops.clone(),
+    ))
+}
 
-    let api_state = api.as_ref().map(|(state, _)| state.clone());
-    let api_task: Option<JoinHandle<Result<(), http::ApiError>>> = api.map(|(state, listener)| {
+/// The HTTP API, with the connection cap the file descriptor budget left it.
+fn start_api(
+    api: Option<(ApiState, TcpListener)>,
+    fds: &FdPlan,
+    stop: &Stops,
+) -> Option<JoinHandle<Result<(), http::ApiError>>> {
+    api.map(|(state, listener)| {
         let limits = ConnectionLimits {
             max_connections: fds.api_connections,
             ..state.connection_limits()
@@ -158,26 +271,51 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             listener,
             state,
             limits,
-            stop_work.clone(),
+            stop.work.clone(),
         ))
-    });
+    })
+}
 
+/// The cleanup scheduler, fed the configuration (and every reload) through a watch channel.
+fn start_scheduler(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    stop: &Stops,
+) -> (
+    watch::Sender<Arc<Config>>,
+    watch::Receiver<SchedulerStatus>,
+    JoinHandle<()>,
+) {
     let (config_tx, config_rx) = watch::channel(Arc::new(config.clone()));
     let scheduler = Scheduler::new(config.database.clone(), config_rx, metrics.clone());
     let scheduler_status = scheduler.status();
-    let scheduler_task = tokio::spawn(scheduler.run(stop_work.clone()));
-    let relay_task = relay.map(|relay| tokio::spawn(relay.run(stop_work.clone())));
+    let scheduler_task = tokio::spawn(scheduler.run(stop.work.clone()));
+    (config_tx, scheduler_status, scheduler_task)
+}
 
+/// The outbox relay, when enabled.
+fn start_relay(relay: Option<Relay>, stop: &Stops) -> Option<JoinHandle<()>> {
+    relay.map(|relay| tokio::spawn(relay.run(stop.work.clone())))
+}
+
+/// systemd's `STATUS=` mirror, a first readiness check, its periodic refresh and the watchdog.
+async fn start_health(
+    notifier: &Notifier,
+    scheduler_status: &watch::Receiver<SchedulerStatus>,
+    readiness: &Arc<ReadinessProbe>,
+    config_tx: &watch::Sender<Arc<Config>>,
+    stop: &Stops,
+) -> Vec<JoinHandle<()>> {
     let status_task = tokio::spawn(publish_status(
         notifier.clone(),
         scheduler_status.clone(),
-        stop_ops.clone(),
+        stop.ops.clone(),
     ));
     readiness.check().await; // a fresh "database reachable" for the watchdog's first look
     let refresh_every = notifier
         .watchdog_interval()
         .map_or(READINESS_REFRESH, |ping| ping.min(READINESS_REFRESH));
-    let refresh_task = readiness.spawn_refresh(refresh_every, stop_ops.clone());
+    let refresh_task = readiness.spawn_refresh(refresh_every, stop.ops.clone());
     let watchdog_task = notifier.watchdog_timeout().and_then(|timeout| {
         let health = WatchdogHealth::new(
             scheduler_status.clone(),
@@ -185,36 +323,84 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             config_tx.subscribe(),
             timeout,
         );
-        notifier.spawn_watchdog(move || health.check(), stop_ops.clone())
+        notifier.spawn_watchdog(move || health.check(), stop.ops.clone())
     });
+    [Some(status_task), Some(refresh_task), watchdog_task]
+        .into_iter()
+        .flatten()
+        .collect()
+}
 
-    notifier.ready(&ready_line(&config, &scheduler_status.borrow()));
+/// `READY=1` and the start-up line.
+fn announce_ready(
+    notifier: &Notifier,
+    config: &Config,
+    bound: &Bound,
+    scheduler_status: &watch::Receiver<SchedulerStatus>,
+) {
+    let Bound {
+        api: api_addr,
+        metrics: metrics_addr,
+    } = *bound;
+    notifier.ready(&ready_line(api_addr, &scheduler_status.borrow()));
     tracing::info!(
         database = %config.database.url,
         schema = %config.database.schema,
-        api = %if config.api.enabled { config.api.listen.to_string() } else { "disabled".into() },
-        metrics = %config.metrics.listen,
+        api = %api_addr.map_or_else(|| "disabled".to_owned(), |a| a.to_string()),
+        metrics = %metrics_addr,
         cleanup = %if config.cleanup.enabled { config.cleanup.schedule.to_string() } else { "disabled".into() },
         outbox = %if config.outbox.enabled { config.outbox.endpoint_display() } else { "disabled".into() },
         "tombstoned ready"
     );
+}
 
-    let mut current = Arc::new(config);
-    loop {
-        tokio::select! {
-            _ = signalled.cancelled() => break,
-            _ = hup.recv() => {
-                notifier.reloading();
-                current = reload(config_path.as_deref(), &current, &config_tx, api_state.as_ref());
-                notifier.ready(&ready_line(&current, &scheduler_status.borrow()));
+/// What the main loop reloads.
+struct Running<'a> {
+    notifier: &'a Notifier,
+    config_path: Option<&'a std::path::Path>,
+    config_tx: &'a watch::Sender<Arc<Config>>,
+    api: Option<&'a ApiState>,
+    scheduler_status: &'a watch::Receiver<SchedulerStatus>,
+    bound: &'a Bound,
+}
+
+impl Running<'_> {
+    /// Reloads on every SIGHUP until the first SIGTERM/SIGINT; answers the configuration then
+    /// running.
+    async fn until_stopped(
+        &self,
+        (signalled, hup): &mut (CancellationToken, Signal),
+        config: Config,
+    ) -> Arc<Config> {
+        let mut current = Arc::new(config);
+        loop {
+            tokio::select! {
+                _ = signalled.cancelled() => break,
+                _ = hup.recv() => {
+                    self.notifier.reloading();
+                    current = reload(self.config_path, &current, self.config_tx, self.api);
+                    self.notifier.ready(&ready_line(self.bound.api, &self.scheduler_status.borrow()));
+                }
             }
         }
+        current
     }
+}
 
+/// Shutdown, the other way round: stop accepting API requests and drain them (bounded), let
+/// the cleaner finish or roll back its batch, let the relay's deliveries in flight finish
+/// (bounded), then the health tasks and the metrics listener last.
+async fn shut_down(
+    tasks: Tasks,
+    current: &Config,
+    notifier: &Notifier,
+    readiness: &ReadinessProbe,
+    stop: &Stops,
+) {
     notifier.stopping();
     readiness.mark_shutting_down();
-    stop_work.cancel();
-    if let Some(task) = api_task {
+    stop.work.cancel();
+    if let Some(task) = tasks.api {
         match tokio::time::timeout(API_DRAIN_TIMEOUT, task).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => tracing::error!(error = %db::error_text(&e), "HTTP server failed"),
@@ -228,7 +414,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
     // Bounded whatever the database does: the run gives its batch in flight STOP_GRACE, the
     // lease release is bounded too; past this the task is dropped (its sessions close, the
     // server rolls back and releases the lease when it hears of it).
-    let mut scheduler_task = scheduler_task;
+    let mut scheduler_task = tasks.scheduler;
     match tokio::time::timeout(SCHEDULER_STOP_BOUND, &mut scheduler_task).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "cleanup scheduler task failed"),
@@ -240,7 +426,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             );
         }
     }
-    if let Some(task) = relay_task {
+    if let Some(task) = tasks.relay {
         // Cancelled with the rest above, so its grace has been running meanwhile.
         let bound = current.outbox.shutdown_grace + RELAY_STOP_SLACK;
         match tokio::time::timeout(bound, task).await {
@@ -253,20 +439,16 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
             ),
         }
     }
-    stop_ops.cancel();
-    for task in [Some(status_task), Some(refresh_task), watchdog_task]
-        .into_iter()
-        .flatten()
-    {
+    stop.ops.cancel();
+    for task in tasks.health {
         let _ = task.await;
     }
-    match ops_task.await {
+    match tasks.ops.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %db::error_text(&e), "metrics listener failed"),
         Err(e) => tracing::error!(error = %e, "metrics listener task failed"),
     }
     tracing::info!("tombstoned stopped");
-    Ok(())
 }
 
 /// Fits both listeners' connection caps into `RLIMIT_NOFILE` next to the pool and a reserve
@@ -322,11 +504,10 @@ pub struct ListenError {
     pub source: std::io::Error,
 }
 
-fn ready_line(config: &Config, status: &SchedulerStatus) -> String {
-    let api = if config.api.enabled {
-        format!("api on {}", config.api.listen)
-    } else {
-        "api disabled".to_owned()
+fn ready_line(api_addr: Option<std::net::SocketAddr>, status: &SchedulerStatus) -> String {
+    let api = match api_addr {
+        Some(addr) => format!("api on {addr}"),
+        None => "api disabled".to_owned(),
     };
     format!("{api}; {}", status.summary())
 }

@@ -24,10 +24,9 @@ use crate::config::Config;
 use crate::db::{self, migrations};
 use crate::pg_cluster::{ClusterOptions, ThrowawayCluster};
 use crate::signals::GracefulStop;
-use crate::stdout::{self, StdoutError};
 
-/// `retention.replay_window` of the demo daemon.
-const REPLAY_WINDOW: &str = "5s";
+/// `retention.replay_window` of the demo daemon unless `--replay-window` says otherwise.
+pub const DEFAULT_REPLAY_WINDOW: Duration = Duration::from_secs(5);
 /// `cleanup.schedule` of the demo daemon: every 2 seconds (the 6-field form, seconds first).
 const CLEANUP_SCHEDULE: &str = "*/2 * * * * *";
 /// The example tokens file; the demo's client is acme/alice.
@@ -37,6 +36,7 @@ const TOKEN: &str = "example-acme-alice-token";
 const STEPS: usize = 10;
 /// Bounds on the waits, so a broken installation fails instead of hanging.
 const START_PATIENCE: Duration = Duration::from_secs(30);
+/// How long after the replay window the story waits for the cleaner's tombstone.
 const CLEANER_PATIENCE: Duration = Duration::from_secs(60);
 const STOP_PATIENCE: Duration = Duration::from_secs(20);
 /// Environment the daemon and the `cleanup` child must not inherit: the demo's configuration
@@ -51,10 +51,26 @@ const ENV_DROPPED: &[&str] = &[
 ];
 
 /// What `tombstoned demo` was asked for.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct DemoOptions {
     /// Leave the cluster and the daemon running at the end, until a signal.
     pub keep: bool,
+    /// The daemon's `retention.replay_window` (the story waits that long for the expiry).
+    pub replay_window: Duration,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        DemoOptions {
+            keep: false,
+            replay_window: DEFAULT_REPLAY_WINDOW,
+        }
+    }
+}
+
+/// A window as the configuration and the story spell it ("5s", "1m").
+fn window_text(window: Duration) -> String {
+    humantime::format_duration(window).to_string()
 }
 
 /// How the demo ended (a failure is an error: no PostgreSQL server binaries, a step that did not
@@ -67,11 +83,16 @@ pub enum Finished {
     Interrupted,
 }
 
-/// Runs the demo. SIGINT/SIGTERM stop the story and tear everything down; a second signal exits
-/// at once (130), leaving whatever was not yet removed.
-pub async fn run(options: DemoOptions) -> anyhow::Result<Finished> {
+/// Where the story goes: the edge's writer to standard output, given by `tombstoned demo` (the
+/// demo names no output of its own). Its error is returned as it is, so the edge still tells a
+/// reader that went away from any other failure.
+pub type Print = fn(&str) -> anyhow::Result<()>;
+
+/// Runs the demo, its story written through `print`. SIGINT/SIGTERM stop the story and tear
+/// everything down; a second signal exits at once (130), leaving whatever was not yet removed.
+pub async fn run(options: DemoOptions, print: Print) -> anyhow::Result<Finished> {
     let started = Instant::now();
-    let mut out = Printer::new();
+    let mut out = Printer::new(print);
     let interrupted = CancellationToken::new();
     GracefulStop::install()?.spawn(
         interrupted.clone(),
@@ -79,9 +100,11 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Finished> {
         "second signal: exiting at once; the demo's daemon and cluster may be left running \
          (their paths are printed above)",
     );
+    let window = options.replay_window;
     out.title(&format!(
-        "tombstoned demo: an idempotency record's life, live ({REPLAY_WINDOW} replay window, \
-         cleanup every 2 s)"
+        "tombstoned demo: an idempotency record's life, live ({} replay window, cleanup every \
+         2 s)",
+        window_text(window)
     ))?;
 
     out.step("A throwaway PostgreSQL cluster")?;
@@ -105,16 +128,14 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Finished> {
     let mut story = tokio::select! {
         biased;
         () = interrupted.cancelled() => Err(Interrupted.into()),
-        result = story(&mut out, &cluster, workdir.path(), &mut daemon) => result,
+        result = story(&mut out, &cluster, workdir.path(), &mut daemon, window) => result,
     };
     let story_took = started.elapsed();
     if let (Ok(()), true, Some(d)) = (&story, options.keep, &daemon) {
-        story = out
-            .keep_notice(d, &cluster, workdir.path())
-            .map_err(Into::into);
+        story = out.keep_notice(d, &cluster, workdir.path(), window);
         if story.is_ok() {
             interrupted.cancelled().await;
-            story = out.print("\n").map_err(Into::into);
+            story = out.print("\n");
         }
     }
     if let Some(d) = daemon.take() {
@@ -155,6 +176,7 @@ async fn story(
     cluster: &ThrowawayCluster,
     workdir: &Path,
     daemon: &mut Option<Daemon>,
+    window: Duration,
 ) -> anyhow::Result<()> {
     let database_url = cluster.url("postgres");
     out.line(&format!(
@@ -186,14 +208,15 @@ async fn story(
 
     out.step("The daemon: tombstoned serve")?;
     std::fs::write(workdir.join("tokens.toml"), TOKENS).context("cannot write tokens.toml")?;
-    let d = daemon.insert(Daemon::start(workdir, &database_url).await?);
+    let d = daemon.insert(Daemon::start(workdir, &database_url, window).await?);
     out.line(&format!(
         "pid {}; API on {}, metrics on {}",
         d.pid, d.api, d.metrics
     ))?;
     out.line(&format!(
-        "config {}: replay_window = \"{REPLAY_WINDOW}\", cleanup.schedule = \"{CLEANUP_SCHEDULE}\"",
-        d.config.display()
+        "config {}: replay_window = \"{}\", cleanup.schedule = \"{CLEANUP_SCHEDULE}\"",
+        d.config.display(),
+        window_text(window)
     ))?;
     out.why(
         "it answered /readyz with 200: database reachable, schema current, both listeners bound",
@@ -256,14 +279,15 @@ async fn story(
         out.quote(line)?;
     }
     out.why(&format!(
-        "nothing is due yet: the record replays for {REPLAY_WINDOW} after its claim (a dry run \
-         only reads, in a READ ONLY transaction)"
+        "nothing is due yet: the record replays for {} after its claim (a dry run only reads, in \
+         a READ ONLY transaction)",
+        window_text(window)
     ))?;
 
     out.step("Wait for the cleaner (GET /v1/idempotency-keys/{key})")?;
     let claimed_at = created.at;
     let mut last_seen = None;
-    let deadline = Instant::now() + CLEANER_PATIENCE;
+    let deadline = Instant::now() + window + CLEANER_PATIENCE;
     loop {
         let status = client.key_status(&key).await?;
         status.require(200)?;
@@ -296,7 +320,7 @@ async fn story(
         }
         if Instant::now() > deadline {
             bail!(
-                "the cleaner did not tombstone the record within {CLEANER_PATIENCE:?}; daemon \
+                "the cleaner did not tombstone the record within {CLEANER_PATIENCE:?} of the window; daemon \
                  log:\n{}",
                 d.log_tail()
             );
@@ -400,7 +424,7 @@ impl Daemon {
     /// Writes the configuration into `workdir`, starts `tombstoned serve` and waits for
     /// `/readyz` 200. Two ports picked free can be taken before the daemon binds them; then it
     /// exits 64 ("cannot listen") and is started again on others.
-    async fn start(workdir: &Path, database_url: &str) -> anyhow::Result<Daemon> {
+    async fn start(workdir: &Path, database_url: &str, window: Duration) -> anyhow::Result<Daemon> {
         let exe = std::env::current_exe().context("cannot find this program's path")?;
         let config = workdir.join("tombstoned.toml");
         let log = workdir.join("daemon.log");
@@ -408,8 +432,11 @@ impl Daemon {
         loop {
             attempt += 1;
             let (api_port, metrics_port) = (free_port()?, free_port()?);
-            std::fs::write(&config, config_file(database_url, api_port, metrics_port))
-                .context("cannot write the demo configuration")?;
+            std::fs::write(
+                &config,
+                config_file(database_url, api_port, metrics_port, window),
+            )
+            .context("cannot write the demo configuration")?;
             let log_file = std::fs::File::create(&log).context("cannot create the daemon log")?;
             let mut command = Command::new(&exe);
             command
@@ -538,7 +565,8 @@ impl Daemon {
 }
 
 /// The demo daemon's configuration file.
-fn config_file(database_url: &str, api_port: u16, metrics_port: u16) -> String {
+fn config_file(database_url: &str, api_port: u16, metrics_port: u16, window: Duration) -> String {
+    let window = window_text(window);
     format!(
         "# Written by `tombstoned demo`; removed when it ends.\n\
          [database]\n\
@@ -546,7 +574,7 @@ fn config_file(database_url: &str, api_port: u16, metrics_port: u16) -> String {
          pool_size = 4\n\
          \n\
          [retention]\n\
-         replay_window = \"{REPLAY_WINDOW}\"\n\
+         replay_window = \"{window}\"\n\
          \n\
          [cleanup]\n\
          schedule = \"{CLEANUP_SCHEDULE}\"\n\
@@ -691,18 +719,20 @@ async fn read(what: &str, request: reqwest::RequestBuilder) -> anyhow::Result<An
     })
 }
 
-/// Writes the story to stdout: numbered steps, answers, quotes, and one-line reasons. Bold and
-/// dim only at a terminal, and never with `NO_COLOR` set. A closed stdout is an error (the story
-/// stops, everything is torn down, and the command ends quietly).
+/// Writes the story to stdout (through the edge's [`Print`]): numbered steps, answers, quotes,
+/// and one-line reasons. Bold and dim only at a terminal, and never with `NO_COLOR` set. A closed
+/// stdout is an error (the story stops, everything is torn down, and the command ends quietly).
 struct Printer {
     step: usize,
     styled: bool,
+    write: Print,
 }
 
 impl Printer {
-    fn new() -> Self {
+    fn new(write: Print) -> Self {
         Printer {
             step: 0,
+            write,
             styled: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
         }
     }
@@ -715,29 +745,29 @@ impl Printer {
         }
     }
 
-    fn print(&self, text: &str) -> Result<(), StdoutError> {
-        stdout::print(text)
+    fn print(&self, text: &str) -> anyhow::Result<()> {
+        (self.write)(text)
     }
 
-    fn title(&self, text: &str) -> Result<(), StdoutError> {
+    fn title(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!("{}\n", self.style("1", text)))
     }
 
-    fn step(&mut self, title: &str) -> Result<(), StdoutError> {
+    fn step(&mut self, title: &str) -> anyhow::Result<()> {
         self.step += 1;
         let head = format!("[{}/{STEPS}] {title}", self.step);
         self.print(&format!("\n{}\n", self.style("1", &head)))
     }
 
-    fn line(&self, text: &str) -> Result<(), StdoutError> {
+    fn line(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!("      {text}\n"))
     }
 
-    fn quote(&self, text: &str) -> Result<(), StdoutError> {
+    fn quote(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!("      | {text}\n"))
     }
 
-    fn answer(&self, answer: &Answer, detail: &str) -> Result<(), StdoutError> {
+    fn answer(&self, answer: &Answer, detail: &str) -> anyhow::Result<()> {
         let mut line = format!("-> {} {}", answer.status, answer.reason);
         if !detail.is_empty() {
             let _ = write!(line, "  {detail}");
@@ -745,7 +775,7 @@ impl Printer {
         self.print(&format!("      {}\n", self.style("1", &line)))
     }
 
-    fn why(&self, text: &str) -> Result<(), StdoutError> {
+    fn why(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!(
             "      {}\n",
             self.style("2", &format!("why: {text}"))
@@ -757,7 +787,8 @@ impl Printer {
         daemon: &Daemon,
         cluster: &ThrowawayCluster,
         workdir: &Path,
-    ) -> Result<(), StdoutError> {
+        window: Duration,
+    ) -> anyhow::Result<()> {
         self.print(&format!(
             "\n{}\n",
             self.style("1", "Still running (--keep):")
@@ -767,6 +798,12 @@ impl Printer {
             daemon.api, daemon.api
         ))?;
         self.line(&format!("metrics   {}/metrics", daemon.metrics))?;
+        self.line(&format!(
+            "README    export API={}   then the curl walkthrough of \"The HTTP API\" as written \
+             (replay window {})",
+            daemon.api,
+            window_text(window)
+        ))?;
         self.line(&format!(
             "database  psql {}   (schema tombstoned)",
             cluster.url("postgres")
@@ -778,7 +815,7 @@ impl Printer {
         self.print("Press Ctrl-C to stop the daemon and remove everything.\n")
     }
 
-    fn done(&self, text: &str) -> Result<(), StdoutError> {
+    fn done(&self, text: &str) -> anyhow::Result<()> {
         self.print(&format!("\n{text}\n"))
     }
 }
@@ -794,7 +831,12 @@ mod tests {
         std::fs::write(dir.path().join("tokens.toml"), TOKENS).unwrap();
         std::fs::write(
             &path,
-            config_file("postgresql://postgres@127.0.0.1:5432/postgres", 1, 2),
+            config_file(
+                "postgresql://postgres@127.0.0.1:5432/postgres",
+                1,
+                2,
+                DEFAULT_REPLAY_WINDOW,
+            ),
         )
         .unwrap();
         let c = Config::load_from(Some(&path), Vec::new(), &[]).unwrap();

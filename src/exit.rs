@@ -1,17 +1,7 @@
 //! The binary's exit statuses, after sysexits.h: the one list. [`Exit::ALL`] and
-//! [`Exit::meaning`] are what the man page's EXIT STATUS section is generated from
-//! (`src/cli/generate.rs`); the README's table says the same at more length. Pure: nothing of
-//! the crate is imported here.
-//!
-//! | status | meaning |
-//! |---|---|
-//! | 0  | success (also: the reader of standard output went away) |
-//! | 2  | `status --max-age`: the last successful cleanup run is older than that, or none is recorded (like Nagios CRITICAL) |
-//! | 64 | bad usage or configuration (EX_USAGE) |
-//! | 69 | database unavailable, or its schema not current (EX_UNAVAILABLE) |
-//! | 70 | internal error (EX_SOFTWARE) |
-//! | 75 | temporary refusal: `cleanup` found another instance holding the cleanup lease; `outbox deliver` left an attempted event undelivered (EX_TEMPFAIL) |
-//! | 130 | a second SIGINT/SIGTERM during a graceful stop (cleanup: any signal before the run took its lease): exit at once, open transactions roll back |
+//! [`Exit::meaning`] are what both the man page's EXIT STATUS section and the README's exit status
+//! table are generated from (`src/cli/generate.rs`, `tombstoned generate man|readme`); a test
+//! keeps both current. Pure: nothing of the crate is imported here.
 
 use std::process::ExitCode;
 
@@ -48,35 +38,44 @@ impl Exit {
         Exit::Interrupted,
     ];
 
-    /// What the status tells an operator, one or two sentences (the man page's EXIT STATUS).
+    /// What the status tells an operator: every case that ends with it. Markdown's code spans
+    /// (backticks) only: the README shows them, the man page drops them.
     pub fn meaning(self) -> &'static str {
         // An exhaustive match: a new status cannot be added without its text.
         match self {
-            Exit::Success => "Success.",
+            Exit::Success => {
+                "Success (`cleanup` stopped by `--max-batches` or a signal included); also when \
+                 the reader of standard output went away (`tombstoned check-config | head -1`): \
+                 the command ends quietly."
+            }
             Exit::Stale => {
-                "status --max-age: the last successful cleanup run finished longer ago than that, \
-                 or none is recorded (like a Nagios CRITICAL)."
+                "`status --max-age`: the last successful cleanup run finished longer ago than \
+                 that, or no successful run is recorded (like a Nagios CRITICAL)."
             }
             Exit::Usage => {
                 "Bad usage or configuration (EX_USAGE): an unknown flag or key, an invalid value, \
-                 an unusable tokens file, a listener that cannot bind, cleanup.max_replica_lag \
-                 for a role that cannot see the lag (no pg_monitor). Restarting cannot fix it."
+                 an unusable tokens file, a listen address that cannot be bound, an unusable \
+                 webhook secret or CA file, `cleanup.max_replica_lag` for a role without \
+                 `pg_monitor`; `outbox requeue` named an event that is not a dead letter; `demo \
+                 --config`. Restarting cannot fix it: the systemd unit does not retry it."
             }
             Exit::Unavailable => {
-                "The database is unavailable, or its schema is not current (EX_UNAVAILABLE): run \
-                 tombstoned migrate, or wait for the database."
+                "The database is unavailable, or its schema is not current (EX_UNAVAILABLE): \
+                 `serve` refuses to start, and `status`, `cleanup` and every `outbox` command \
+                 refuse to run; run `tombstoned migrate`, or wait for the database. Also the demo \
+                 without PostgreSQL server binaries."
             }
             Exit::Software => "Internal error (EX_SOFTWARE).",
             Exit::TempFail => {
-                "Temporary refusal (EX_TEMPFAIL): cleanup found another instance holding the \
-                 cleanup lease, so nothing was done and that is not a failure; outbox deliver \
-                 left some event it attempted undelivered (retry scheduled, dead-lettered, or \
-                 cut off by a signal)."
+                "Temporary refusal (EX_TEMPFAIL): `cleanup` found another instance holding the \
+                 cleanup lease, so nothing was done and that is not a failure (with `--json`, \
+                 `\"outcome\": \"skipped_lease\"` on stdout); `outbox deliver` left some event it \
+                 attempted undelivered (retry scheduled, dead-lettered, or cut off by a signal)."
             }
             Exit::Interrupted => {
-                "A second SIGINT or SIGTERM arrived during a graceful stop, or (cleanup) one \
+                "A second SIGINT or SIGTERM arrived during a graceful stop, or (`cleanup`) one \
                  arrived before the run took its lease: exit at once, open transactions roll \
-                 back."
+                 back in the database."
             }
         }
     }
@@ -107,16 +106,10 @@ mod tests {
     }
 
     #[test]
-    fn every_status_is_in_the_module_table_the_readme_and_the_man_page() {
-        let module = include_str!("exit.rs");
+    fn every_status_is_in_the_readme_and_the_man_page() {
         let readme = include_str!("../README.md");
         let man = include_str!("../dist/man/tombstoned.8");
         for code in Exit::ALL.map(Exit::code) {
-            let padded = format!("//! | {code:<2} |");
-            assert!(
-                module.contains(&padded),
-                "{code} missing from the module table"
-            );
             assert!(
                 readme.contains(&format!("\n| {code} | ")),
                 "{code} missing from the README's exit status table"

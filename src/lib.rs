@@ -24,22 +24,24 @@
 //!   once, in order per order, with dead letters and requeue; [`status`] — what `tombstoned
 //!   status` reads (lease, run history, backlog, lag) in one read-only snapshot;
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
-//!   one error text, shared statements, [`db::migrations`]; [`config`] — the configuration
-//!   validated into typed values; [`metrics`] — every Prometheus series; `connections` — the
+//!   one error text, shared statements, [`db::migrations`], its own `[database]` section
+//!   ([`db::settings`]); [`config`] — the configuration validated into typed values, one file
+//!   per section, composing `db`'s; [`metrics`] — every Prometheus series; `connections` — the
 //!   HTTP server loop both listeners share (connection cap, header-read and idle timeouts,
 //!   bounded shutdown); `fd_budget` — fitting those caps into `RLIMIT_NOFILE`;
 //! * pure core: [`instance`] — who this process is to other instances; [`schedule`] —
 //!   crontab(5) schedules; [`fingerprint`] — the intent's fingerprint; [`money`] — currencies
 //!   and amounts; [`order_request`] — request validation; [`auth`] — bearer tokens; [`exit`] —
 //!   the exit statuses; `toml_diagnostic` — TOML errors told by
-//!   line, column and key, never by the text;
+//!   line, column and key, never by the text; `settings` — the validation vocabulary every
+//!   settings section shares (`ConfigError`, the gathered problems, durations, sizes, ranges);
 //! * to the side, both with the default-on `demo` feature: `demo` — a scripted client of the
 //!   real binary; `pg_cluster` — the throwaway PostgreSQL clusters it runs on, which the tests
 //!   and the benchmark start too (what only they need on top — test options, stopping and
 //!   restarting the server — is in the `tombstoned-testkit` crate, `testkit/`).
 //!
 //! The public surface is what `main.rs`, the tests, the benchmark and the testkit use; the
-//! modules only the crate itself uses (`daemon`, `signals`, `stdout`, `connections`,
+//! modules only the crate itself uses (`daemon`, `signals`, `stdout`, `settings`, `connections`,
 //! `fd_budget`, `lookup`, `toml_diagnostic`, `demo`) are `pub(crate)`. ARCHITECTURE.md has the
 //! layers and the rules `tests/architecture.rs` checks.
 #![forbid(unsafe_code)]
@@ -70,6 +72,7 @@ pub mod outbox;
 pub mod pg_cluster;
 pub mod schedule;
 pub mod scheduler;
+pub(crate) mod settings;
 pub(crate) mod signals;
 pub mod sql_api;
 pub mod status;

@@ -36,6 +36,18 @@ pub const CLAIM_OUTCOMES: &[&str] = &[
     "invalid",
 ];
 
+/// The outcome of one webhook delivery (`tombstoned_outbox_deliveries_total{outcome}`), one per
+/// `outbox::policy::DeliveryOutcome`.
+pub const OUTBOX_DELIVERY_OUTCOMES: &[&str] = &[
+    "delivered",
+    "retryable_status",
+    "permanent_status",
+    "dead_lettered",
+    "timeout",
+    "connection_error",
+    "abandoned",
+];
+
 /// The two HTTP listeners (`tombstoned_http_connections*{listener}`).
 pub const LISTENERS: &[&str] = &["api", "metrics"];
 /// Why the server closed a connection (`tombstoned_http_connections_closed_total{reason}`).
@@ -114,7 +126,7 @@ pub struct Metrics {
     pub outbox_backlog_events: IntGauge,
     /// `tombstoned_outbox_oldest_undelivered_age_seconds`: age of the oldest of those.
     pub outbox_oldest_undelivered_age_seconds: prometheus::Gauge,
-    /// `tombstoned_outbox_deliveries_total{outcome}` (see [`crate::outbox::policy::DELIVERY_OUTCOMES`]).
+    /// `tombstoned_outbox_deliveries_total{outcome}` (see [`OUTBOX_DELIVERY_OUTCOMES`]).
     pub outbox_deliveries: IntCounterVec,
     /// `tombstoned_outbox_delivery_duration_seconds`: one HTTP attempt.
     pub outbox_delivery_duration: Histogram,
@@ -431,7 +443,7 @@ impl Metrics {
                     .with_label_values(&[listener, reason]);
             }
         }
-        for o in crate::outbox::policy::DELIVERY_OUTCOMES {
+        for o in OUTBOX_DELIVERY_OUTCOMES {
             m.outbox_deliveries.with_label_values(&[o]);
         }
         let build_info = IntGaugeVec::new(

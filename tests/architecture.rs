@@ -3,9 +3,11 @@
 //!
 //! The rules, each with the reason it exists:
 //!
-//! 1. **`cli` is the edge.** Only `src/main.rs` and the files of `src/cli/` name the `cli`
-//!    module; everything else is called by it, never calls it (a service that imported `cli`
-//!    made a circle: cli → cleanup → cli).
+//! 1. **`cli` and `stdout` are the edge.** Only `src/main.rs` and the files of `src/cli/` name
+//!    the `cli` module or `stdout` (printing that a closed pipe ends quietly); everything else is
+//!    called by it, never calls it (a service that imported `cli` made a circle: cli → cleanup →
+//!    cli), and what it has to show it returns, or writes through what the edge gives it (the
+//!    demo's story: `demo::Print`).
 //! 2. **Services know nothing of the edge or of HTTP.** The files of `cleanup/`, `claim/`,
 //!    `outbox/`, `lookup.rs` and `scheduler.rs` do not reach the crate modules `http`, `daemon`,
 //!    `ops` or `cli`, nor the crate `axum`; and they never print (`print!`, `println!`,
@@ -22,13 +24,26 @@
 //! 4. **The pure core stays pure.** `schedule`, `cleanup/keyset`, `fingerprint`, `money`,
 //!    `order_request`, `auth`, `exit` and `toml_diagnostic` name none of the crates `tokio`,
 //!    `tokio_postgres`, `deadpool_postgres`, `axum`, `hyper`, and of the crate's own modules
-//!    only each other: they are unit-tested without a runtime or a database.
+//!    only each other: they are unit-tested without a runtime or a database. So is `settings`,
+//!    the leaf every settings section validates with.
+//! 5. **No circles.** Between the top-level modules of `src/` (a folder counts as one module),
+//!    and between the files of one folder (`cleanup/engine.rs` ↔ `cleanup/run.rs`), the
+//!    references run one way: a circle is reported with the `file:line` of each of its edges.
+//!    A folder's `mod.rs` is the folder itself, not one of its files (it declares and
+//!    re-exports them). Test modules count too: a unit test takes what it needs from below.
+//! 6. **Settings flow one way.** A settings type lives with the lowest module that reads it:
+//!    the `[database]` section in `db/settings.rs` (the database layer opens sessions with it),
+//!    every other section in `config/` (one file each), which also owns the file/env/flag
+//!    merge and re-exports all of them. So `db/` never names `config`, and `config/` names of
+//!    the crate only what sits below it (`db`, `settings`, `money`, `schedule`,
+//!    `toml_diagnostic`): never a service, the composition or the edge.
 //!
 //! How: a small lexer blanks out comments and string literals (keeping the literals aside for
 //! rule 3), so that a word in a doc comment or an error message never counts; module
 //! references are read from paths (`crate::x`, `crate::{x, y}`, `super::x` resolved against the
-//! file's own module path). The `scanner` tests below show that every rule fails on a small
-//! broken fixture.
+//! file's own module path). The module graph of rule 5 is made of the same paths, followed to
+//! their end (`crate::http::state::X` → `http`, then `http::state`), one graph per folder. The
+//! `scanner` tests below show that every rule fails on a small broken fixture.
 
 use std::path::{Path, PathBuf};
 
@@ -251,6 +266,16 @@ fn inline_modules(code: &str) -> Vec<(usize, usize, String)> {
 /// [x], [y]; `super::x` in `cleanup/run.rs` → [cleanup, x]; `tombstoned::x` → [x]. Globs and
 /// `self` add nothing.
 fn crate_modules(src: &Source) -> Vec<(usize, Vec<String>)> {
+    crate_paths(src, false)
+}
+
+/// The crate paths the file names, whole: `crate::http::c::X` → [http, c, X]; `super::{a::B,
+/// c}` in `cleanup/run.rs` → [cleanup, a, B], [cleanup, c]. What the module graph is made of.
+fn full_paths(src: &Source) -> Vec<(usize, Vec<String>)> {
+    crate_paths(src, true)
+}
+
+fn crate_paths(src: &Source, whole: bool) -> Vec<(usize, Vec<String>)> {
     let code = &src.code;
     let inline = inline_modules(code);
     let ids = identifiers(code);
@@ -280,11 +305,20 @@ fn crate_modules(src: &Source) -> Vec<(usize, Vec<String>)> {
             if let Some(group) = tail.strip_prefix('{') {
                 let end = group.find('}').unwrap_or(group.len());
                 for item in group[..end].split(',') {
-                    let first = item.split("::").next().unwrap_or("");
-                    let first = first.split_whitespace().next().unwrap_or("");
-                    if !first.is_empty() && first != "self" && first != "*" {
-                        let mut path = base.clone();
-                        path.push(first.to_owned());
+                    let mut path = base.clone();
+                    for seg in item.split("::") {
+                        let seg = seg.split_whitespace().next().unwrap_or("");
+                        let ident =
+                            !seg.is_empty() && seg.chars().all(|c| c.is_alphanumeric() || c == '_');
+                        if !ident || seg == "self" {
+                            break;
+                        }
+                        path.push(seg.to_owned());
+                        if !whole {
+                            break;
+                        }
+                    }
+                    if path.len() > base.len() {
                         out.push((offset, path));
                     }
                 }
@@ -299,11 +333,22 @@ fn crate_modules(src: &Source) -> Vec<(usize, Vec<String>)> {
                 rest = after(tail, seg.len());
                 continue;
             }
-            if !seg.is_empty() {
-                base.push(seg);
-                out.push((offset, base.clone()));
+            if seg.is_empty() {
+                if whole && base.len() > usize::from(word == "super") {
+                    out.push((offset, base.clone()));
+                }
+                break;
             }
-            break;
+            base.push(seg.clone());
+            if !whole {
+                out.push((offset, base.clone()));
+                break;
+            }
+            rest = after(tail, seg.len());
+            if !rest.starts_with("::") {
+                out.push((offset, base.clone()));
+                break;
+            }
         }
     }
     out
@@ -364,6 +409,7 @@ const PURE_CORE: &[&str] = &[
     "auth",
     "exit",
     "toml_diagnostic",
+    "settings",
 ];
 const RUNTIME_CRATES: &[&str] = &[
     "tokio",
@@ -372,6 +418,9 @@ const RUNTIME_CRATES: &[&str] = &[
     "axum",
     "hyper",
 ];
+const EDGE: &[&str] = &["cli", "stdout"];
+/// What `config/` may name of the crate besides itself (rule 6).
+const BELOW_CONFIG: &[&str] = &["db", "settings", "money", "schedule", "toml_diagnostic"];
 const PRINTING_MACROS: &[&str] = &["print", "println", "eprint", "eprintln", "dbg"];
 
 /// Every rule broken by the files, one line each (`path:line: what`).
@@ -382,9 +431,42 @@ fn violations(files: &[Source]) -> Vec<String> {
 
         // Rule 1.
         if src.path != "main.rs" && !src.under("cli") {
+            let service = SERVICES.iter().any(|s| src.under(s));
             for (offset, module) in crate_modules(src) {
-                if module[0] == "cli" {
-                    out.push(format!("{}: imports cli (only main.rs may)", at(offset)));
+                // A service naming stdout is rule 2's (it prints), said once.
+                let said_by_rule_2 = service && module[0] == "stdout";
+                if EDGE.contains(&module[0].as_str()) && !said_by_rule_2 {
+                    let module = &module[0];
+                    out.push(format!(
+                        "{}: imports {module}, the edge (only main.rs and cli/ may)",
+                        at(offset)
+                    ));
+                }
+            }
+        }
+
+        // Rule 6.
+        if src.under("db") {
+            for (offset, module) in crate_modules(src) {
+                if module[0] == "config" {
+                    out.push(format!(
+                        "{}: db names config (settings flow one way: config composes db's \
+                         section, db never reads config's)",
+                        at(offset)
+                    ));
+                }
+            }
+        }
+        if src.under("config") {
+            for (offset, module) in crate_modules(src) {
+                if module[0] != "config" && !BELOW_CONFIG.contains(&module[0].as_str()) {
+                    let module = module.join("::");
+                    out.push(format!(
+                        "{}: config names {module}, which sits above it (settings flow one \
+                         way: a section read by a service lives in config/, the service \
+                         reads it)",
+                        at(offset)
+                    ));
                 }
             }
         }
@@ -458,7 +540,126 @@ fn violations(files: &[Source]) -> Vec<String> {
             }
         }
     }
+    // Rule 5.
+    out.extend(circle_violations(files));
     out
+}
+
+/// Where one module names another: the first reference in file order, for the report.
+type Edges = std::collections::BTreeMap<(Vec<String>, Vec<String>), String>;
+
+/// The module graph, one per directory: for each file and each directory above it, an edge from
+/// the file's entry in that directory (a file or a folder) to the entry a `crate::`/`super::`
+/// path it names leads to in the same directory, when they differ. Paths that end in an item
+/// (`super::RunReport`) stop at the module that holds it; `mod.rs` is its folder, not an entry
+/// among its files (it declares and re-exports them). Keyed by (from, to), valued by the
+/// `file:line` of the first reference.
+fn module_edges(files: &[Source]) -> Edges {
+    // Every file's module and the folders above it.
+    let modules: std::collections::BTreeSet<Vec<String>> = files
+        .iter()
+        .flat_map(|f| {
+            let path = f.module_path();
+            (1..=path.len()).map(move |n| path[..n].to_vec())
+        })
+        .collect();
+    let mut edges = Edges::new();
+    for src in files {
+        let own = src.module_path();
+        for (offset, target) in full_paths(src) {
+            for level in 0..own.len() {
+                let (from, to) = (&own[..=level], target.get(..=level));
+                let Some(to) = to else { break };
+                if own[..level] != target[..level] {
+                    break;
+                }
+                if from != to && modules.contains(to) {
+                    edges
+                        .entry((from.to_vec(), to.to_vec()))
+                        .or_insert_with(|| format!("{}:{}", src.path, src.line_of(offset)));
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// Every circle of the module graph, shortest first from each module, each once: the modules
+/// in order with the `file:line` of each edge.
+fn circles(edges: &Edges) -> Vec<Vec<(Vec<String>, String)>> {
+    let nodes: std::collections::BTreeSet<&Vec<String>> =
+        edges.keys().map(|(from, _)| from).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for &start in &nodes {
+        // Breadth first from `start` back to itself: the shortest circle through it.
+        let mut previous: std::collections::BTreeMap<&Vec<String>, &Vec<String>> =
+            std::collections::BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut closing = None;
+        while let Some(node) = queue.pop_front() {
+            for (from, to) in edges.keys().filter(|(from, _)| from == node) {
+                if to == start {
+                    closing = Some(from);
+                    break;
+                }
+                if !previous.contains_key(to) {
+                    previous.insert(to, from);
+                    queue.push_back(to);
+                }
+            }
+            if closing.is_some() {
+                break;
+            }
+        }
+        let Some(mut node) = closing else { continue };
+        let mut path = vec![node];
+        while node != start {
+            node = previous[node];
+            path.push(node);
+        }
+        path.reverse();
+        let mut key: Vec<&Vec<String>> = path.clone();
+        key.sort();
+        if !seen.insert(key) {
+            continue;
+        }
+        let circle = path
+            .iter()
+            .enumerate()
+            .map(|(i, &from)| {
+                let to = path[(i + 1) % path.len()];
+                (from.clone(), edges[&(from.clone(), to.clone())].clone())
+            })
+            .collect();
+        out.push(circle);
+    }
+    out
+}
+
+/// Rule 5: no circle between the modules of one directory, as `path:line: what` lines.
+fn circle_violations(files: &[Source]) -> Vec<String> {
+    circles(&module_edges(files))
+        .into_iter()
+        .map(|circle| {
+            let names: Vec<String> = circle.iter().map(|(m, _)| m.join("::")).collect();
+            let steps: Vec<String> = circle
+                .iter()
+                .enumerate()
+                .map(|(i, (m, at))| {
+                    let to = &names[(i + 1) % names.len()];
+                    format!("{} -> {to} at {at}", m.join("::"))
+                })
+                .collect();
+            format!(
+                "{}: a circle of modules {} -> {}: {}",
+                circle[0].1,
+                names.join(" -> "),
+                names[0],
+                steps.join(", ")
+            )
+        })
+        .collect()
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -642,5 +843,170 @@ mod scanner {
         assert!(check("auth.rs", "use crate::money::{self, Currency};").is_empty());
         assert!(check("fingerprint.rs", "use sha2::Sha256; // tokio::spawn").is_empty());
         assert!(check("money.rs", "\"tokio::x\"").is_empty());
+    }
+
+    fn check_files(files: &[(&str, &str)]) -> Vec<String> {
+        let files: Vec<Source> = files.iter().map(|(p, t)| Source::new(p, t)).collect();
+        violations(&files)
+    }
+
+    #[test]
+    fn a_circle_between_top_level_modules_fails_naming_each_edge() {
+        let broken = check_files(&[
+            ("config/mod.rs", "use crate::db::settings::DatabaseConfig;"),
+            ("db/settings.rs", "\nfn f() {}"),
+            ("db/migrations.rs", "\n\nuse crate::config::Config;"),
+            (
+                "metrics.rs",
+                "use crate::outbox::policy::DELIVERY_OUTCOMES;",
+            ),
+            ("outbox/relay.rs", "use crate::metrics::Metrics;"),
+        ]);
+        let circles: Vec<&String> = broken.iter().filter(|b| b.contains("circle")).collect();
+        assert_eq!(circles.len(), 2, "{broken:#?}");
+        assert!(
+            circles
+                .iter()
+                .any(|c| c.contains("config -> db at config/mod.rs:1")
+                    && c.contains("db -> config at db/migrations.rs:3")),
+            "{circles:#?}"
+        );
+        assert!(
+            circles
+                .iter()
+                .any(|c| c.contains("metrics -> outbox at metrics.rs:1")
+                    && c.contains("outbox -> metrics at outbox/relay.rs:1")),
+            "{circles:#?}"
+        );
+        // One way is fine; so is a file naming its own folder's items and a mod.rs its files.
+        assert!(check_files(&[
+            ("config/mod.rs", "use crate::db::settings::DatabaseConfig;"),
+            ("db/settings.rs", "use crate::settings::Problems;"),
+            ("settings.rs", "fn f() {}"),
+            (
+                "outbox/relay.rs",
+                "use crate::metrics::Metrics; use crate::config::Config;"
+            ),
+            (
+                "metrics.rs",
+                "#[cfg(test)] mod tests { use crate::config::Config; }"
+            ),
+        ])
+        .is_empty());
+    }
+
+    #[test]
+    fn a_circle_inside_a_folder_fails_naming_each_edge() {
+        let broken = check_files(&[
+            ("cleanup/engine.rs", "use super::run::RunLimits;"),
+            (
+                "cleanup/run.rs",
+                "use super::engine::Engine;\nuse super::workers::Crew;",
+            ),
+            ("cleanup/workers.rs", "use super::{engine::Team, run};"),
+        ]);
+        assert_eq!(broken.len(), 2, "{broken:#?}");
+        assert!(broken
+            .iter()
+            .any(|b| b.starts_with("cleanup/engine.rs:1: a circle")
+                && b.contains("cleanup::engine -> cleanup::run at cleanup/engine.rs:1")
+                && b.contains("cleanup::run -> cleanup::engine at cleanup/run.rs:1")));
+        assert!(broken.iter().any(|b| b
+            .contains("cleanup::run -> cleanup::workers at cleanup/run.rs:2")
+            && b.contains("cleanup::workers -> cleanup::run at cleanup/workers.rs:1")));
+        // A longer circle is found too, once.
+        let three = check_files(&[
+            ("http/a.rs", "use super::b;"),
+            ("http/b.rs", "use crate::http::c::X;"),
+            ("http/c.rs", "use super::a::Y;"),
+        ]);
+        assert_eq!(three.len(), 1, "{three:#?}");
+        assert!(
+            three[0].contains("http::c -> http::a at http/c.rs:1"),
+            "{three:#?}"
+        );
+        // The run composing the engine and the workers, every file naming mod.rs' items and
+        // mod.rs re-exporting its files: no circle.
+        assert!(check_files(&[
+            (
+                "cleanup/mod.rs",
+                "pub use crate::cleanup::run::run_once; use crate::db;"
+            ),
+            ("cleanup/engine.rs", "use super::{sql, CleanupError};"),
+            (
+                "cleanup/run.rs",
+                "use super::engine::{Engine, RunLimits}; use super::workers;"
+            ),
+            (
+                "cleanup/workers.rs",
+                "use super::engine::Team; use super::CleanupError;"
+            ),
+            ("cleanup/sql.rs", ""),
+        ])
+        .is_empty());
+    }
+
+    #[test]
+    fn settings_flowing_the_other_way_fail() {
+        assert_eq!(
+            check("db/mod.rs", "use crate::config::DatabaseConfig;").len(),
+            1
+        );
+        assert_eq!(
+            check("db/migrations.rs", "fn f(c: &crate::config::Config) {}").len(),
+            1
+        );
+        assert_eq!(
+            check("config/cleanup.rs", "use crate::cleanup::RunReport;").len(),
+            1
+        );
+        assert_eq!(
+            check("config/mod.rs", "use crate::{db, outbox::policy};").len(),
+            1
+        );
+        assert_eq!(
+            check("config/merge.rs", "use crate::daemon::serve;").len(),
+            1
+        );
+        assert_eq!(check("settings.rs", "use crate::db::Pooler;").len(), 1);
+        // Allowed: config composing db's section with the leaf and the pure core; services
+        // reading config.
+        assert!(check(
+            "config/mod.rs",
+            "use crate::db::settings::{self, DatabaseConfig}; use crate::settings::Problems;\n\
+             use crate::money::Currency; use crate::schedule::Schedule; use self::api::X;"
+        )
+        .is_empty());
+        assert!(check(
+            "db/settings.rs",
+            "use crate::settings::{ConfigError, Problems};"
+        )
+        .is_empty());
+        assert!(check(
+            "cleanup/run.rs",
+            "use crate::config::{CleanupConfig, DatabaseConfig};"
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn the_demo_reaching_into_the_edge_fails() {
+        assert_eq!(
+            check("demo.rs", "use crate::stdout::{self, StdoutError};").len(),
+            1
+        );
+        assert_eq!(
+            check("daemon.rs", "fn f() { crate::stdout::print(\"x\") }").len(),
+            1
+        );
+        // Said once for a service (rule 2: it prints).
+        assert_eq!(check("cleanup/run.rs", "use crate::stdout;").len(), 1);
+        // Allowed: the edge itself, and the demo writing through what it is given.
+        assert!(check("cli/demo.rs", "use crate::stdout; use crate::demo;").is_empty());
+        assert!(check(
+            "demo.rs",
+            "pub type Print = fn(&str) -> anyhow::Result<()>;"
+        )
+        .is_empty());
     }
 }

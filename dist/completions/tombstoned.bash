@@ -178,12 +178,16 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__demo)
-            opts="-h --keep --config --log-format --help"
+            opts="-h --keep --replay-window --config --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --replay-window)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

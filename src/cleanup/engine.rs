@@ -23,7 +23,6 @@ use super::history::ProgressCell;
 use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
 use super::lease::Lease;
 use super::report::{RunOutcome, RunReport, StopReason};
-use super::run::RunLimits;
 use super::throttle::{self, ReplicaLag, ThrottleReason, LAG_POLL_INTERVAL};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, OnLocked};
@@ -31,6 +30,13 @@ use crate::db::pipeline::{self, Guard, Pipelined};
 use crate::db::statement::Ready;
 use crate::db::{self, Conn, DbError, ErrorClass, Param};
 use crate::metrics::Metrics;
+
+/// Limits a caller puts on one run, on top of the configuration's `cleanup.max_run_time`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunLimits {
+    /// Stop after this many committed batches (`tombstoned cleanup --max-batches`).
+    pub max_batches: Option<u64>,
+}
 
 /// Attempts per batch when it fails with a deadlock (40P01) or serialization failure (40001).
 /// Neither should happen (every locker goes in primary-key order); a few retries cover a foreign

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Engine, Meter, Phase, PhaseResult, Renewal};
+use super::engine::{Engine, Meter, Phase, PhaseResult, Renewal, RunLimits};
 use super::history::{finish_run, ProgressCell, RunRecord};
 use super::keyset::{Key, KeyRange};
 use super::lease::{Lease, LeaseState};
@@ -84,13 +84,6 @@ pub async fn check_replica_lag_visible(
     } else {
         Err(CleanupError::ReplicaLagHidden { role: lag.role })
     }
-}
-
-/// Limits a caller puts on one run, on top of the configuration's `cleanup.max_run_time`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RunLimits {
-    /// Stop after this many committed batches (`tombstoned cleanup --max-batches`).
-    pub max_batches: Option<u64>,
 }
 
 /// Runs one cleanup pass: reads the cutoff, tombstones every row due at it (batch by batch,

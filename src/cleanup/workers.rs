@@ -15,12 +15,11 @@ use std::time::{Duration, Instant};
 use chrono::TimeDelta;
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Engine, LeaseCheck, Meter, Phase, PhaseResult, Team};
+use super::engine::{Engine, LeaseCheck, Meter, Phase, PhaseResult, RunLimits, Team};
 use super::history::ProgressCell;
 use super::keyset::{Key, KeyRange};
 use super::lease::Lease;
 use super::report::StopReason;
-use super::run::RunLimits;
 use super::throttle::ThrottleReason;
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig};

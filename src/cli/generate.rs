@@ -1,7 +1,9 @@
 //! `tombstoned generate` (hidden): the man pages — `tombstoned(8)` and one `tombstoned-<command>(8)`
-//! per command — and the bash, zsh and fish completions, rendered from the clap definition of the
-//! command line it is given. The copies checked in under `dist/` (and shipped by the Debian
-//! package) are compared with a fresh rendering by a test, so they cannot go stale.
+//! per command and nested command (`tombstoned-outbox-deliver(8)`) — the bash, zsh and fish
+//! completions, rendered from the clap definition of the command line it is given, and the
+//! README's exit status table, rendered from [`Exit`] like the man page's EXIT STATUS. The copies
+//! checked in (`dist/`, shipped by the Debian package, and README.md) are compared with a fresh
+//! rendering by a test, so they cannot go stale.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,7 +38,19 @@ pub enum Generated {
         #[arg(value_name = "DIR", value_hint = clap::ValueHint::DirPath)]
         dir: PathBuf,
     },
+    /// The exit status table of a Markdown file (README.md), between its markers.
+    Readme {
+        /// The file to rewrite in place, e.g. README.md.
+        #[arg(value_name = "FILE", value_hint = clap::ValueHint::FilePath)]
+        file: PathBuf,
+    },
 }
+
+/// The line before the README's generated exit status table.
+pub const EXIT_TABLE_BEGIN: &str =
+    "<!-- exit-status: generated from src/exit.rs by `cargo run -- generate readme README.md`; do not edit -->";
+/// The line after it.
+pub const EXIT_TABLE_END: &str = "<!-- /exit-status -->";
 
 /// One generated file: its name (no directory) and its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +73,20 @@ pub enum GenerateError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The file given to `generate readme` has no (or a broken) pair of markers.
+    #[error("{}: no line {EXIT_TABLE_BEGIN:?} followed by a line {EXIT_TABLE_END:?}", path.display())]
+    Markers {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file given to `generate readme` could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// The output directory or a file in it could not be written.
     #[error("cannot write {}: {source}", path.display())]
     Write {
@@ -77,8 +105,55 @@ pub fn run(cli: clap::Command, args: &GenerateArgs) -> Result<Vec<PathBuf>, Gene
     let (dir, files) = match &args.what {
         Generated::Man { dir } => (dir, man_pages(cli)?),
         Generated::Completions { dir } => (dir, completions(cli)),
+        Generated::Readme { file } => return rewrite_exit_table(file).map(|()| vec![file.clone()]),
     };
     write_all(dir, &files)
+}
+
+/// The exit status table in Markdown, one row per [`Exit::ALL`] with [`Exit::meaning`].
+pub fn exit_status_markdown() -> String {
+    let mut table = String::from("| exit status | meaning |\n|---|---|\n");
+    for exit in Exit::ALL {
+        table.push_str(&format!(
+            "| {} | {} |\n",
+            exit.code(),
+            exit.meaning().replace('|', "\\|")
+        ));
+    }
+    table
+}
+
+/// `text` with the lines between its markers replaced by [`exit_status_markdown`]; `None` when
+/// the markers are missing or out of order.
+pub fn with_exit_table(text: &str) -> Option<String> {
+    let begin = text.find(&format!("{EXIT_TABLE_BEGIN}\n"))? + EXIT_TABLE_BEGIN.len() + 1;
+    // The end marker on a line of its own, right after the begin marker's line or later.
+    let end = begin
+        + if text[begin..].starts_with(&format!("{EXIT_TABLE_END}\n")) {
+            0
+        } else {
+            text[begin..].find(&format!("\n{EXIT_TABLE_END}\n"))? + 1
+        };
+    Some(format!(
+        "{}{}{}",
+        &text[..begin],
+        exit_status_markdown(),
+        &text[end..]
+    ))
+}
+
+fn rewrite_exit_table(path: &Path) -> Result<(), GenerateError> {
+    let text = std::fs::read_to_string(path).map_err(|source| GenerateError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let new = with_exit_table(&text).ok_or_else(|| GenerateError::Markers {
+        path: path.to_owned(),
+    })?;
+    std::fs::write(path, new).map_err(|source| GenerateError::Write {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 fn write_all(dir: &Path, files: &[GeneratedFile]) -> Result<Vec<PathBuf>, GenerateError> {
@@ -135,7 +210,8 @@ fn without_hidden_commands(cli: clap::Command) -> clap::Command {
     pruned
 }
 
-/// `tombstoned.8` and one page per visible command (`tombstoned-cleanup.8`, ...).
+/// `tombstoned.8` and one page per visible command (`tombstoned-cleanup.8`, ...) and nested
+/// command (`tombstoned-outbox-deliver.8`, after its parent's page).
 pub fn man_pages(mut cli: clap::Command) -> Result<Vec<GeneratedFile>, GenerateError> {
     // Built once so that the global options (--config, --log-format) and the display names
     // ("tombstoned-cleanup") reach the commands' pages.
@@ -145,18 +221,33 @@ pub fn man_pages(mut cli: clap::Command) -> Result<Vec<GeneratedFile>, GenerateE
     cli.build();
     let name = cli.get_name().to_owned();
     let version = cli.get_version().unwrap_or_default().to_owned();
-    let commands: Vec<clap::Command> = cli
-        .get_subcommands()
-        .filter(|c| !c.is_hide_set())
-        .cloned()
-        .collect();
-    let see_also: Vec<String> = commands.iter().map(display_name).collect();
+    // (command, its parent's page unless that is the main page), parents before children.
+    let mut commands: Vec<(clap::Command, Option<String>)> = Vec::new();
+    for command in visible_subcommands(&cli) {
+        let parent = display_name(command);
+        commands.push((command.clone(), None));
+        for nested in visible_subcommands(command) {
+            commands.push((nested.clone(), Some(parent.clone())));
+        }
+    }
+    let see_also: Vec<String> = commands.iter().map(|(c, _)| display_name(c)).collect();
 
     let mut pages = vec![render_page(&cli, &version, &main_page(&see_also))?];
-    for command in &commands {
-        pages.push(render_page(command, &version, &command_page(&name))?);
+    for (command, parent) in &commands {
+        let mut related = vec![name.clone()];
+        related.extend(parent.iter().cloned());
+        related.extend(visible_subcommands(command).map(display_name));
+        pages.push(render_page(
+            command,
+            &version,
+            &command_page(&name, &related),
+        )?);
     }
     Ok(pages)
+}
+
+fn visible_subcommands(command: &clap::Command) -> impl Iterator<Item = &clap::Command> {
+    command.get_subcommands().filter(|c| !c.is_hide_set())
 }
 
 fn display_name(command: &clap::Command) -> String {
@@ -282,7 +373,12 @@ fn main_page(commands: &[String]) -> Extra {
     let mut roff = Roff::new();
     heading(&mut roff, "EXIT STATUS");
     for exit in Exit::ALL {
-        item(&mut roff, &exit.code().to_string(), exit.meaning());
+        // The README's table renders the backticks as code; a man page has no such markup.
+        item(
+            &mut roff,
+            &exit.code().to_string(),
+            &exit.meaning().replace('`', ""),
+        );
     }
     heading(&mut roff, "ENVIRONMENT");
     for (variable, meaning) in [
@@ -355,8 +451,9 @@ fn main_page(commands: &[String]) -> Extra {
     }
 }
 
-/// A command's page points at the main page for what every command shares.
-fn command_page(main: &str) -> Extra {
+/// A command's page points at the main page for what every command shares, and at its parent's
+/// and its nested commands' pages (`related`, the main page first).
+fn command_page(main: &str, related: &[String]) -> Extra {
     let mut roff = Roff::new();
     heading(&mut roff, "EXIT STATUS");
     roff.text([
@@ -364,7 +461,8 @@ fn command_page(main: &str) -> Extra {
         bold(main),
         roman("(8), which also lists the environment and the files."),
     ]);
-    see_also(&mut roff, &[format!("{main}(8)")]);
+    let pages: Vec<String> = related.iter().map(|page| format!("{page}(8)")).collect();
+    see_also(&mut roff, &pages);
     Extra {
         description: None,
         sections: roff,

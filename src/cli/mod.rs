@@ -131,6 +131,23 @@ pub struct DemoArgs {
     /// Leave the throwaway cluster and daemon running at the end (until Ctrl-C).
     #[arg(long)]
     pub keep: bool,
+    /// The daemon's replay window (retention.replay_window), 1s to 1h; the story waits that
+    /// long for the record to expire. With --keep, e.g. 60s, long enough to follow the README's
+    /// curl walkthrough by hand against the daemon left running.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = demo_window)]
+    pub replay_window: std::time::Duration,
+}
+
+/// `demo --replay-window`: a humantime duration from 1 s to 1 h.
+#[cfg(feature = "demo")]
+fn demo_window(text: &str) -> Result<std::time::Duration, String> {
+    let window = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if (std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(3600)).contains(&window)
+    {
+        Ok(window)
+    } else {
+        Err("must be from 1s to 1h".to_owned())
+    }
 }
 
 /// Parses the process arguments, runs the command, and returns the exit status.

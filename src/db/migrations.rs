@@ -8,8 +8,8 @@
 //! transaction-mode pooler does not keep, so `migrate` refuses to run through one
 //! ([`MigrationError::TransactionPooler`]).
 
+use super::settings::DatabaseConfig;
 use super::{connect, pipeline, Conn, DbError, Param, Pooler};
-use crate::config::DatabaseConfig;
 
 mod embedded {
     #![allow(missing_docs)]

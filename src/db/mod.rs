@@ -15,6 +15,7 @@ pub mod migrations;
 pub mod pipeline;
 pub mod pooler;
 mod session;
+pub mod settings;
 pub mod sql;
 pub mod statement;
 pub mod tls;
@@ -23,11 +24,11 @@ pub use error::{classify, sqlstate_class, violated_constraint, DbError, ErrorCla
 pub use error_text::error_text;
 pub use pooler::Pooler;
 pub use session::Session;
+pub use settings::{DatabaseConfig, DatabaseUrl};
 pub use statement::{Conn, Param};
 
 use std::time::Duration;
 
-use crate::config::DatabaseConfig;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 /// The startup parameters for one purpose: the connection string's, plus our

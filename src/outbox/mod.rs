@@ -19,7 +19,7 @@
 //! with the same `webhook-id`. That is the at-least-once window, and why receivers deduplicate
 //! on that id in the same transaction as their own change.
 //!
-//! Modules: [`settings`] (the `[outbox]` section), [`sql`] (every statement), [`webhook`]
+//! Modules (the `[outbox]` section is `config`'s: [`OutboxConfig`]): [`sql`] (every statement), [`webhook`]
 //! (Standard Webhooks signing and the HTTP client), [`policy`] (what an answer means, backoff),
 //! [`relay`] (one pass, the one-shot drain and the `serve` loop), [`inspect`] (listing, requeue,
 //! dry run and counts). The relay never prints; `tombstoned outbox` does (`crate::outbox_cli`).
@@ -27,7 +27,6 @@
 pub mod inspect;
 pub mod policy;
 pub mod relay;
-pub mod settings;
 pub mod sql;
 pub mod webhook;
 
@@ -39,10 +38,10 @@ use uuid::Uuid;
 
 use crate::db::{DbError, ErrorClass};
 
+pub use crate::config::{MaxAttempts, OutboxConfig};
 pub use inspect::{EventState, EventSummary, OutboxCounts, RequeueReport, RequeueTarget};
 pub use policy::{Decision, DeliveryOutcome};
 pub use relay::{PassReport, Relay};
-pub use settings::{MaxAttempts, OutboxConfig};
 pub use webhook::{Attempt, AttemptResult, Secret, SecretError, WebhookClient};
 
 /// Why the relay (or an outbox command) could not do its work.

@@ -49,16 +49,9 @@ pub enum DeliveryOutcome {
     Abandoned,
 }
 
-/// Every outcome label, for pre-initialising the counter.
-pub const DELIVERY_OUTCOMES: &[&str] = &[
-    "delivered",
-    "retryable_status",
-    "permanent_status",
-    "dead_lettered",
-    "timeout",
-    "connection_error",
-    "abandoned",
-];
+/// Every outcome label, for pre-initialising the counter: the closed label set is the metric's
+/// (`metrics` sits below the services and names none of them).
+pub use crate::metrics::OUTBOX_DELIVERY_OUTCOMES as DELIVERY_OUTCOMES;
 
 impl DeliveryOutcome {
     /// The metric label.

@@ -178,7 +178,7 @@ impl fmt::Debug for WebhookClient {
         f.debug_struct("WebhookClient")
             .field(
                 "endpoint",
-                &super::settings::redacted_endpoint(&self.endpoint),
+                &crate::config::redacted_endpoint(&self.endpoint),
             )
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()

@@ -1,7 +1,7 @@
 //! What README.md states about the repository holds (issue 27 item 9): the configuration table
 //! has a row for every key of `config/tombstoned.toml`, every file "Installing without the
 //! package" copies from the checkout exists, and no bullet of "What the unit does and why" stops
-//! mid-sentence.
+//! mid-sentence; the command synopsis names every flag of every command (issue 27).
 
 use std::path::Path;
 
@@ -115,4 +115,76 @@ fn every_bullet_of_what_the_unit_does_ends_its_sentence() {
             "a bullet stops mid-sentence: {bullet:?}"
         );
     }
+}
+
+/// The long flags of every visible command and nested command ("cleanup", "outbox deliver"),
+/// without the global ones every command has.
+fn flags_by_command() -> Vec<(String, Vec<String>)> {
+    use clap::CommandFactory as _;
+    fn walk(command: &clap::Command, path: &str, out: &mut Vec<(String, Vec<String>)>) {
+        for sub in command.get_subcommands().filter(|c| !c.is_hide_set()) {
+            let name = format!("{path}{}", sub.get_name()).trim().to_owned();
+            let flags: Vec<String> = sub
+                .get_arguments()
+                .filter(|a| !a.is_hide_set() && !a.is_global_set())
+                .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+                .filter(|f| f != "--help")
+                .collect();
+            // A command of commands (`outbox`) has its nested commands' lines, not one of its own.
+            if sub.get_subcommands().all(|c| c.is_hide_set()) {
+                out.push((name.clone(), flags));
+            }
+            walk(sub, &format!("{name} "), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&tombstoned::cli::Cli::command(), "", &mut out);
+    out
+}
+
+/// The synopsis under "Commands and exit codes" names every command with every flag it has, and
+/// no flag it lacks (`demo --replay-window`, issue 27: the README says how to keep the demo up).
+#[test]
+fn the_command_synopsis_names_every_flag_of_every_command() {
+    let text = readme();
+    let synopsis = section(&text, "## Commands and exit codes")
+        .split("```text")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .unwrap_or_else(|| panic!("no ```text synopsis under \"Commands and exit codes\""))
+        .to_owned();
+    // "  outbox deliver [--max-events N] ...": a command line starts two spaces in.
+    let mut lines: Vec<(String, String)> = Vec::new();
+    for line in synopsis.lines().skip(1) {
+        if line.starts_with("  ") && !line.starts_with("   ") {
+            lines.push((line.trim().to_owned(), String::new()));
+        }
+    }
+    let mut problems = Vec::new();
+    for (command, flags) in flags_by_command() {
+        let Some((line, _)) = lines.iter().find(|(l, _)| {
+            l.strip_prefix(command.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
+        }) else {
+            problems.push(format!("no synopsis line for `{command}`"));
+            continue;
+        };
+        let named: Vec<&str> = line
+            .split(|c: char| c.is_whitespace() || "[]()|".contains(c))
+            .filter(|w| w.starts_with("--"))
+            .collect();
+        for flag in &flags {
+            if !named.contains(&flag.as_str()) {
+                problems.push(format!("`{command}` line lacks {flag}: {line}"));
+            }
+        }
+        for flag in named {
+            if !flags.iter().any(|f| f == flag) {
+                problems.push(format!(
+                    "`{command}` has no {flag}, its line names it: {line}"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

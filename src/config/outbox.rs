@@ -1,6 +1,7 @@
 //! The `[outbox]` configuration section: its file shape, its defaults, and its validation into
-//! the typed [`OutboxConfig`] the relay trusts. Loaded with the rest of the configuration by
-//! [`crate::config`]; every key is documented in `config/tombstoned.toml`.
+//! the typed [`OutboxConfig`] the relay (`crate::outbox`, which reads it from here) trusts.
+//! Composed with the other sections by [`crate::config`]; every key is documented in
+//! `config/tombstoned.toml`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use reqwest::Url;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{duration, in_range, positive, ConfigError, Problems};
+use crate::settings::{duration, in_range, positive, ConfigError, Problems};
 
 /// How many failed attempts turn a permanently refused event into a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,114 @@
+//! `demo --keep --replay-window D` leaves a daemon whose replay window is D, and says how to
+//! point the README's curl walkthrough at it (issue 27, friction: the walkthrough needs a window
+//! long enough to follow by hand).
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use crate::harness::binary;
+
+#[tokio::test]
+async fn demo_keep_runs_the_daemon_with_the_replay_window_asked_for() {
+    let mut command = Command::new(binary());
+    command
+        .args(["demo", "--keep", "--replay-window", "3s"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(bin) = std::env::var_os("TOMBSTONED_PG_BIN") {
+        command.env("TOMBSTONED_PG_BIN", bin);
+    }
+    let mut child = command.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // Read up to the keep notice's last line (the story ran through) off the runtime.
+    let (printed, stdout) = tokio::task::spawn_blocking(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut printed = String::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            printed.push_str(&line);
+            if line.starts_with("Press Ctrl-C") {
+                break;
+            }
+        }
+        (printed, reader)
+    })
+    .await
+    .unwrap();
+    assert!(
+        printed.contains("(3s replay window, cleanup every 2 s)"),
+        "{printed}"
+    );
+    assert!(printed.contains("replay_window = \"3s\""), "{printed}");
+    let api = printed
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("README    export API="))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no `export API=` line:\n{printed}"))
+        .to_owned();
+
+    // The walkthrough's first step, with a key of its own, against the kept daemon.
+    let key = format!("demo-keep-{}", std::process::id());
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{api}/v1/orders"))
+        .bearer_auth("example-acme-alice-token")
+        .header("Idempotency-Key", &key)
+        .json(&serde_json::json!({
+            "request_id": key, "amount": "100.00", "item": "SKU-42", "recipient": "Li Wei"
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let status: Value = http
+        .get(format!("{api}/v1/idempotency-keys/{key}"))
+        .bearer_auth("example-acme-alice-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let at = |field: &str| {
+        chrono::DateTime::parse_from_rfc3339(status[field].as_str().unwrap()).unwrap()
+    };
+    assert_eq!(
+        (at("replay_deadline") - at("created_at")).num_milliseconds(),
+        3000,
+        "{status}"
+    );
+
+    kill(
+        Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        Signal::SIGINT,
+    )
+    .unwrap();
+    let (exit, rest) = tokio::task::spawn_blocking(move || {
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout.into_inner(), &mut rest).unwrap();
+        (child.wait().unwrap(), rest)
+    })
+    .await
+    .unwrap();
+    assert_eq!(exit.code(), Some(0), "{rest}");
+    // Gone with the demo.
+    assert!(
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            http.get(format!("{api}/v1/orders/x")).send()
+        )
+        .await
+        .map_or(true, |r| r.is_err()),
+        "the API still answers after the demo ended"
+    );
+}
