@@ -16,7 +16,11 @@
 --   names). V1's 15 % headroom was an empty 15 % of every page of tombstones, forever.
 -- * The purge index (retention.purge_tombstones_after) is a BRIN index on `expired_at`: tombstones
 --   are made in deadline order, so the heap is nearly ordered by expiry and a block range summary
---   (a few bytes per 128 pages) finds them; the B-tree cost ~22 bytes per tombstone.
+--   (a few bytes per 128 pages) finds them; the B-tree cost ~22 bytes per tombstone. Nothing
+--   purges by default (tombstones are kept forever). A purge batch reads every block range that
+--   may hold a purgeable tombstone, so with the purge on, add the B-tree back (README, "Retention
+--   purge": `CREATE INDEX CONCURRENTLY ... (expired_at) WHERE expired`); the purge statements
+--   use it unchanged.
 --
 -- The public face does not change: the SQL functions below are recreated with CREATE OR REPLACE
 -- on the new layout, same names, arguments, result columns and SQLSTATEs (api_version() stays 1).
@@ -191,29 +195,26 @@ AS $$
 DECLARE
     found_id integer;
 BEGIN
-    SELECT s.scope_id INTO found_id
-      FROM idempotency_scopes AS s
-     WHERE s.tenant_id = ensure_scope.tenant_id
-       AND s.principal_id = ensure_scope.principal_id
-       AND s.operation = ensure_scope.operation;
-    IF FOUND THEN
-        RETURN found_id;
-    END IF;
-    INSERT INTO idempotency_scopes AS s (tenant_id, principal_id, operation)
-    VALUES (ensure_scope.tenant_id, ensure_scope.principal_id, ensure_scope.operation)
-    ON CONFLICT (tenant_id, principal_id, operation) DO NOTHING
-    RETURNING s.scope_id INTO found_id;
-    IF FOUND THEN
-        RETURN found_id;
-    END IF;
-    SELECT s.scope_id INTO found_id
-      FROM idempotency_scopes AS s
-     WHERE s.tenant_id = ensure_scope.tenant_id
-       AND s.principal_id = ensure_scope.principal_id
-       AND s.operation = ensure_scope.operation;
-    IF FOUND THEN
-        RETURN found_id;
-    END IF;
+    -- The second pass reads again in a new statement (a new snapshot) after the INSERT found
+    -- the scope committed by a concurrent first claim.
+    FOR attempt IN 1..2 LOOP
+        SELECT s.scope_id INTO found_id
+          FROM idempotency_scopes AS s
+         WHERE s.tenant_id = ensure_scope.tenant_id
+           AND s.principal_id = ensure_scope.principal_id
+           AND s.operation = ensure_scope.operation;
+        IF FOUND THEN
+            RETURN found_id;
+        END IF;
+        EXIT WHEN attempt = 2;
+        INSERT INTO idempotency_scopes AS s (tenant_id, principal_id, operation)
+        VALUES (ensure_scope.tenant_id, ensure_scope.principal_id, ensure_scope.operation)
+        ON CONFLICT (tenant_id, principal_id, operation) DO NOTHING
+        RETURNING s.scope_id INTO found_id;
+        IF FOUND THEN
+            RETURN found_id;
+        END IF;
+    END LOOP;
     RAISE EXCEPTION 'the scope was created by a transaction this snapshot cannot see; retry the transaction'
         USING ERRCODE = '40001';
 END

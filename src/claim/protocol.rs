@@ -112,9 +112,11 @@ pub(super) async fn claim_on(
     Err(ClaimError::Unstable)
 }
 
-/// The first claim of a scope: [`sql::ENSURE_SCOPE`], a transaction of its own (with the claim's
-/// `lock_timeout`), so the scope row is committed before the claim's next attempt begins. `Some`: the answer already
-/// (a server that refuses writes: the read-only path answers, 503 when nothing is recorded).
+/// The first claim of a scope: [`sql::ENSURE_SCOPE`], a transaction of its own (with the
+/// claim's `lock_timeout`), so the scope row is committed before the claim's next attempt
+/// begins. `Some`: the answer already (a server that refuses writes: the read-only path
+/// answers, 503 when nothing is recorded; a scope row another transaction holds uncommitted
+/// past `lock_timeout`: in progress, 409).
 async fn ensure_scope(
     client: &Conn<'_>,
     settings: &ClaimSettings,

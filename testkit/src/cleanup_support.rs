@@ -196,12 +196,12 @@ pub async fn is_tombstone(client: &Client, pk: &Pk) -> bool {
         .get(0)
 }
 
-/// md5 over every byte of every row, in primary-key order.
+/// md5 over every byte of every row, in the order of the rows' text (any schema version's layout).
 pub async fn checksum(client: &Client) -> String {
     client
         .query_one(
-            "SELECT coalesce(md5(string_agg(t::text, ',' ORDER BY scope_id,
-                 idempotency_key)), 'empty') FROM idempotency_records t",
+            "SELECT coalesce(md5(string_agg(t::text, ',' ORDER BY t::text)), 'empty')
+             FROM idempotency_records t",
             &[],
         )
         .await
@@ -317,8 +317,8 @@ pub async fn wait_until_cleaner_waits(observer: &Client) {
 pub async fn checksum_of(client: &Client, tag: &str) -> String {
     client
         .query_one(
-            "SELECT coalesce(md5(string_agg(t::text, ',' ORDER BY scope_id,
-                 idempotency_key)), 'empty') FROM idempotency_records t
+            "SELECT coalesce(md5(string_agg(t::text, ',' ORDER BY t::text)), 'empty')
+             FROM idempotency_records t
              WHERE idempotency_key LIKE '%-' || $1::text || '-%'",
             &[&tag],
         )

@@ -408,8 +408,8 @@ async fn v3_upgrades_a_populated_database_in_place() {
         crate::schema_support::migrate_to(&mut client, 2).await,
         [1, 2]
     );
-    seed_live(&client, "old", 50, DUE).await;
-    seed_live(&client, "later", 20, NOT_DUE).await;
+    seed_live_before_v5(&client, "old", 50, DUE).await;
+    seed_live_before_v5(&client, "later", 20, NOT_DUE).await;
     let before = checksum(&client).await;
 
     // V3 alone, as the release that introduced it applied it (V4 adds a column, which changes
@@ -417,7 +417,10 @@ async fn v3_upgrades_a_populated_database_in_place() {
     assert_eq!(crate::schema_support::migrate_to(&mut client, 3).await, [3]);
     assert_eq!(checksum(&client).await, before, "V3 changed existing rows");
     let applied = migrations::migrate(&config.database).await.unwrap();
-    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [4]);
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        [4, 5]
+    );
     assert!(migrations::status(
         &tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None),
         None

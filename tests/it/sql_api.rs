@@ -1477,6 +1477,86 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
     drop(daemon);
 }
 
+/// V5: two first claims of one NEW scope (different keys) at once, under READ COMMITTED. The
+/// second waits for the first's uncommitted scope row (a Lock wait observed); after COMMIT it
+/// finds the row with a new statement, after ROLLBACK it inserts it itself: both own their key,
+/// one scope row, and no sequence value is spent by a claim of a scope that exists.
+#[tokio::test]
+async fn two_first_claims_of_a_new_scope_both_own_their_keys_after_commit_or_rollback() {
+    let db = TestDb::new().await;
+    let observer = db.client().await;
+    let svc = Service::create(&db).await;
+    let first = &svc.client;
+    let second = Service::connect(&db, &svc.role).await;
+    let waiter_pid: i32 = second
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let fp = fingerprint(first, &intent_of("scope", 1)).await;
+    // `$1` tenant (a scope of its own per round), `$2` key, `$3` fingerprint.
+    let claim_sql =
+        "SELECT outcome FROM tombstoned.claim($1, 'fresh', 'op', $2, $3, '1 hour', '30 s')";
+    let complete_sql = "SELECT tombstoned.complete($1, 'fresh', 'op', $2, 201, '{}'::jsonb)";
+    for (ends, tenant) in [("COMMIT", "new-a"), ("ROLLBACK", "new-b")] {
+        first.batch_execute("BEGIN").await.unwrap();
+        let owner: String = first
+            .query_one(claim_sql, &[&tenant, &"k-first", &fp])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(owner, "owner");
+        second.batch_execute("BEGIN").await.unwrap();
+        let second_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&tenant, &"k-second", &fp];
+        let waiting = second.query_one(claim_sql, &second_params);
+        let release = async {
+            wait_until_lock_wait(&observer, waiter_pid, PATIENCE).await;
+            if ends == "COMMIT" {
+                first
+                    .query_one(complete_sql, &[&tenant, &"k-first"])
+                    .await
+                    .unwrap();
+            }
+            first.batch_execute(ends).await.unwrap();
+        };
+        let (answer, ()) = tokio::join!(waiting, release);
+        assert_eq!(answer.unwrap().get::<_, String>(0), "owner", "{ends}");
+        second
+            .query_one(complete_sql, &[&tenant, &"k-second"])
+            .await
+            .unwrap();
+        second.batch_execute("COMMIT").await.unwrap();
+        let row = observer
+            .query_one(
+                "SELECT (SELECT count(*) FROM idempotency_scopes WHERE tenant_id = $1),
+                        (SELECT count(*) FROM idempotency_cards WHERE tenant_id = $1)",
+                &[&tenant],
+            )
+            .await
+            .unwrap();
+        let expected_records = if ends == "COMMIT" { 2 } else { 1 };
+        assert_eq!(
+            (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+            (1, expected_records),
+            "{ends}"
+        );
+    }
+    // Claims of a scope that exists never touch the sequence.
+    let last = "SELECT last_value FROM idempotency_scopes_scope_id_seq";
+    let before: i64 = observer.query_one(last, &[]).await.unwrap().get(0);
+    first.batch_execute("BEGIN").await.unwrap();
+    let owner: String = first
+        .query_one(claim_sql, &[&"new-a", &"k-third", &fp])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "owner");
+    first.batch_execute("ROLLBACK").await.unwrap();
+    let after: i64 = observer.query_one(last, &[]).await.unwrap().get(0);
+    assert_eq!(after, before);
+}
+
 /// The card's columns, in a fixed order, as one text per record: before V5 read from the table,
 /// from V5 on through the `idempotency_cards` view.
 const CARD_CHECKSUM: &str = "SELECT count(*), md5(string_agg(concat_ws('|', tenant_id,
@@ -1629,16 +1709,8 @@ async fn v5_upgrades_a_populated_v4_database_in_place() {
     let expired = lookup(c, "v4-pay", &fp_pay).await.unwrap().unwrap();
     assert_eq!(expired.outcome, "expired");
     assert_eq!(expired.resource_id.as_deref(), Some("pay-v4-pay"));
-    let totals = admin
-        .query_one(
-            "SELECT count(*) FILTER (WHERE expired), count(*) FILTER (WHERE NOT expired)
-             FROM idempotency_records",
-            &[],
-        )
-        .await
-        .unwrap();
     assert_eq!(
-        (totals.get::<_, i64>(0), totals.get::<_, i64>(1)),
+        crate::cleanup_support::counts(&admin).await,
         (42, 10 + 1 + 1)
     );
 }
