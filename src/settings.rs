@@ -61,6 +61,24 @@ pub enum ConfigError {
     Several(Vec<ConfigError>),
 }
 
+impl ConfigError {
+    /// The keys of a `Several` made of `Invalid`s only, in the order reported (the tests'
+    /// view of "every problem at once"); panics on any other shape.
+    #[cfg(test)]
+    pub(crate) fn invalid_keys(&self) -> Vec<&'static str> {
+        let ConfigError::Several(problems) = self else {
+            panic!("{self:?}")
+        };
+        problems
+            .iter()
+            .map(|p| match p {
+                ConfigError::Invalid { key, .. } => *key,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+}
+
 fn several(problems: &[ConfigError]) -> String {
     let all: Vec<String> = problems.iter().map(ToString::to_string).collect();
     format!("{} problems: {}", problems.len(), all.join("; "))

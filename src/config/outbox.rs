@@ -465,16 +465,7 @@ mod tests {
              request_timeout = \"40s\"\nlease_duration = \"60s\"\n",
         )
         .unwrap_err();
-        let ConfigError::Several(problems) = &e else {
-            panic!("{e:?}")
-        };
-        let keys: Vec<&str> = problems
-            .iter()
-            .map(|p| match p {
-                ConfigError::Invalid { key, .. } => *key,
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let keys = e.invalid_keys();
         assert_eq!(
             keys,
             [

@@ -490,16 +490,7 @@ fn validation_names_every_problem_at_once() {
          [api]\ndefault_currency = \"ZZZ\"\nlisten = \"localhost\"\n",
     );
     let e = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap_err();
-    let ConfigError::Several(problems) = &e else {
-        panic!("{e:?}")
-    };
-    let keys: Vec<&str> = problems
-        .iter()
-        .map(|p| match p {
-            ConfigError::Invalid { key, .. } => *key,
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let keys = e.invalid_keys();
     assert_eq!(
         keys,
         [

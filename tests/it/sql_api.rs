@@ -13,6 +13,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls, Row};
 use uuid::Uuid;
 
+use crate::api_support::backend_pid;
 use crate::cleanup_support::{run, wait_until_cleaner_waits};
 use crate::daemon_support::{Daemon, Spec};
 use crate::harness::{binary, server, wait_until_lock_wait, TestDb};
@@ -444,11 +445,7 @@ async fn a_waiting_claim_replays_after_commit_owns_after_rollback_and_times_out_
     let svc = Service::create(&db).await;
     let first = &svc.client;
     let second = Service::connect(&db, &svc.role).await;
-    let waiter_pid: i32 = second
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let waiter_pid = backend_pid(&second).await;
     let fp = fingerprint(first, &intent_of("race", 10)).await;
     let body = serde_json::json!({"payment_id": "pay-race"});
 
@@ -1261,11 +1258,7 @@ async fn enqueued_events_are_delivered_in_sequence_per_aggregate_and_rolled_back
     // Two sessions on one aggregate: the second waits for the first's row lock, and the
     // sequence follows the commits.
     let other = Service::connect(&db, &svc.role).await;
-    let other_pid: i32 = other
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let other_pid = backend_pid(&other).await;
     c.batch_execute("BEGIN").await.unwrap();
     let first = enqueue(c, "agg-d", "first").await;
     other.batch_execute("BEGIN").await.unwrap();
@@ -1488,11 +1481,7 @@ async fn two_first_claims_of_a_new_scope_both_own_their_keys_after_commit_or_rol
     let svc = Service::create(&db).await;
     let first = &svc.client;
     let second = Service::connect(&db, &svc.role).await;
-    let waiter_pid: i32 = second
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let waiter_pid = backend_pid(&second).await;
     let fp = fingerprint(first, &intent_of("scope", 1)).await;
     // `$1` tenant (a scope of its own per round), `$2` key, `$3` fingerprint.
     let claim_sql =
