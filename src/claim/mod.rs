@@ -283,10 +283,13 @@ pub async fn claim(
         .map_err(|e| ClaimError::Unavailable(DbError::Pool(e)))?;
     let conn = Conn::pooled(&client, &database.schema, database.pooler);
     let commit_sent = AtomicBool::new(false);
+    // Boxed: the protocol's state machine (every attempt's pipelined statements) is several
+    // kilobytes, and an unboxed future is copied whole each time it moves (into the deadline,
+    // into the spawned task): the copies cost more than the claim's own work in the daemon.
     let bounded = db::deadline::within(
         settings.deadline(),
         "the claim",
-        protocol::claim_on(&conn, settings, req, &commit_sent),
+        Box::pin(protocol::claim_on(&conn, settings, req, &commit_sent)),
     )
     .await;
     let result = bounded.unwrap_or_else(|timeout| {

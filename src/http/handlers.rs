@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use uuid::Uuid;
 
 use super::problem::{Problem, ProblemType, PROBLEM_JSON};
+use super::run_to_end::RunToEnd;
 use super::state::{ApiState, Live};
 use crate::auth::{Approval, Permission, Principal};
 use crate::claim::{self, ClaimError, ClaimOutcome, ClaimRequest, Decision};
@@ -527,19 +528,20 @@ pub(crate) async fn create_order(
             .inc();
         return with_label(key_busy().into_response(), "in_progress");
     };
-    // The transaction runs in a task of its own: if the client disconnects, hyper drops this
-    // future, but the claim still finishes (commits or rolls back) and stays replayable. The
-    // admission goes with it, so the key stays counted until the claim really ends.
+    // The transaction runs inline, in this request's task; if the client disconnects, hyper
+    // drops this future, and the claim is handed to the tracked tasks to finish (commit or roll
+    // back) and stay replayable. The admission goes with it, so the key stays counted until the
+    // claim really ends.
     let pool = state.pool().clone();
     let database = Arc::clone(state.database());
     let settings = live.claim.clone();
-    let task = state.tasks().spawn(async move {
+    let task = RunToEnd::new(state.tasks(), async move {
         let outcome = claim::claim(&pool, &database, &settings, &request).await;
         drop(admission);
         outcome
     });
     match task.await {
-        Ok(Ok(outcome)) => {
+        Ok(outcome) => {
             let label = outcome.metric_label();
             state.metrics().claims.with_label_values(&[label]).inc();
             match &outcome {
@@ -550,14 +552,7 @@ pub(crate) async fn create_order(
             }
             with_label(outcome_response(outcome), label)
         }
-        Ok(Err(error)) => with_label(claim_error_response(&state, &error), "error"),
-        Err(join_error) => {
-            tracing::error!(error = %join_error, "claim task failed");
-            with_label(
-                Problem::new(ProblemType::InternalError, "Internal error.").into_response(),
-                "error",
-            )
-        }
+        Err(error) => with_label(claim_error_response(&state, &error), "error"),
     }
 }
 

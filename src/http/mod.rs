@@ -20,6 +20,7 @@ mod handlers;
 mod key_gate;
 mod middleware;
 pub mod problem;
+mod run_to_end;
 mod state;
 
 use std::time::Duration;
@@ -131,7 +132,8 @@ pub async fn serve(
 /// Serves the API on `listener` within `limits` ([`crate::connections`]) until `shutdown` is
 /// cancelled, then stops accepting, closes idle and half-sent connections, lets in-flight
 /// requests finish (at most `limits.drain_timeout`), and waits for every claim transaction
-/// spawned by a request — including those whose client went away — to end.
+/// whose request was abandoned (its client went away, or its connection was closed at the end of
+/// the drain) to end.
 pub async fn serve_with_limits(
     listener: TcpListener,
     state: ApiState,

@@ -162,7 +162,8 @@ impl ApiState {
         }
     }
 
-    /// Tracks claim transactions spawned off request handlers.
+    /// Tracks claim transactions whose requests were abandoned before they ended (finished in
+    /// the background, awaited at shutdown).
     pub(crate) fn tasks(&self) -> &TaskTracker {
         &self.inner.tasks
     }
@@ -177,7 +178,7 @@ impl ApiState {
         &self.inner.keys
     }
 
-    /// Waits until every spawned claim transaction has ended.
+    /// Waits until every claim transaction its request abandoned has ended.
     pub async fn drain_claims(&self) {
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
