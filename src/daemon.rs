@@ -132,7 +132,8 @@ fn open_api_pool(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Opti
     })
 }
 
-/// Database reachable and schema current, or no start at all (exit 69; systemd retries).
+/// Database reachable and schema current, or no start at all (exit 69; systemd retries). Through
+/// a transaction pooler the API's role must also be able to run the claim's functions (V6).
 async fn check_schema(config: &Config) -> anyhow::Result<()> {
     let session = db::connect(&config.database, "serve").await?;
     let status = migrations::status(&session.conn(), None).await?;
@@ -142,6 +143,18 @@ async fn check_schema(config: &Config) -> anyhow::Result<()> {
     if let Some(api_version) = sql_api::schema_version(&session.conn()).await? {
         sql_api::require_known(api_version)
             .map_err(|unknown| migrations::SchemaNotCurrent(unknown.to_string()))?;
+    }
+    if config.api.enabled && !config.database.pooler.keeps_prepared_statements() {
+        if let Some(role) = crate::claim::role_without_claim_functions(&session.conn()).await? {
+            return Err(migrations::SchemaNotCurrent(format!(
+                "database.pooler = \"transaction\" runs claims through the functions \
+                 {schema}.endpoint_claim_order and {schema}.endpoint_claim_rejected (schema V6), \
+                 which role {role} may not execute: grant it EXECUTE on both (README, \
+                 \"Installing without the package\")",
+                schema = config.database.schema
+            ))
+            .into());
+        }
     }
     Ok(())
 }

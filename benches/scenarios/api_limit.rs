@@ -440,7 +440,7 @@ pub fn pgbench_args(
 
 /// The API side: client `c` claims as principal `c % 16` (as pgbench's client `c` does), or
 /// replays a random record of the replay set (principal 0; pgbench replays its twin).
-fn requests(bench: &Bench, workload: Workload) -> Make {
+pub fn requests(bench: &Bench, workload: Workload) -> Make {
     match workload {
         Workload::Claims => Arc::new(|c, _rng| {
             let body = json!({

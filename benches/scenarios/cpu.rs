@@ -1,7 +1,8 @@
 //! CPU accounting from /proc: who spent the machine's CPU during a trial — PostgreSQL (the
 //! postmaster's own time, its live children's, and the time of children it has reaped), the
-//! daemon, this process (the load generator) and its reaped children (pgbench) — so a
-//! throughput difference can be traced to the process that caused it.
+//! daemon, this process (the load generator) and its reaped children (pgbench), and any one
+//! process by its pid (PgBouncer, [`process_seconds`]) — so a throughput difference can be
+//! traced to the process that caused it.
 
 use serde::Serialize;
 
@@ -103,6 +104,12 @@ impl Sample {
             idle_fraction: if total > 0.0 { 1.0 - busy / total } else { 0.0 },
         }
     }
+}
+
+/// CPU seconds (user + system) process `pid` has spent so far; 0 when it cannot be read (a
+/// process that is gone).
+pub fn process_seconds(pid: u32) -> f64 {
+    stat(&format!("/proc/{pid}/stat")).map_or(0.0, |s| s.own)
 }
 
 struct Stat {

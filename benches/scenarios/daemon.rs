@@ -54,6 +54,17 @@ impl Daemon {
     /// Starts `tombstoned serve` on database `db` with a pool of `pool_size` connections and
     /// waits until `/readyz` answers 200.
     pub async fn start(bench: &Bench, db: &str, pool_size: usize) -> Result<Daemon> {
+        Self::start_on(bench, &bench.server.url(db), pool_size, &[]).await
+    }
+
+    /// [`Daemon::start`] on `database_url` (e.g. through a pooler) with `env` on top of the
+    /// benchmark's settings (e.g. `TOMBSTONED_DATABASE__POOLER`).
+    pub async fn start_on(
+        bench: &Bench,
+        database_url: &str,
+        pool_size: usize,
+        env: &[(&str, &str)],
+    ) -> Result<Daemon> {
         let dir = tempfile::tempdir()?;
         let tokens = dir.path().join("tokens.toml");
         std::fs::write(&tokens, crate::seed::tokens_file())?;
@@ -63,7 +74,7 @@ impl Daemon {
         command
             .arg("serve")
             .env_clear()
-            .env("TOMBSTONED_DATABASE_URL", bench.server.url(db))
+            .env("TOMBSTONED_DATABASE_URL", database_url)
             .env("TOMBSTONED_DATABASE__POOL_SIZE", pool_size.to_string())
             .env("TOMBSTONED_API__LISTEN", api.to_string())
             .env("TOMBSTONED_METRICS__LISTEN", metrics.to_string())
@@ -77,6 +88,7 @@ impl Daemon {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true);
+        command.envs(env.iter().copied());
         command.envs(bench.daemon_env.iter().map(|(k, v)| (k, v)));
         let child = command.spawn().context("starting tombstoned serve")?;
         let pid = child.id().context("the daemon exited at once")?;

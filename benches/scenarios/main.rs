@@ -16,7 +16,9 @@
 //! 8. the SQL API's claim and replay vs the endpoint's fused statement, raw through pgbench
 //!    (`sql_api.rs`),
 //! 9. the forever table from 1 M to 50 M keys: claim/replay latency, the cleaner's cost per row,
-//!    sizes and VACUUM time as one table grows, drawn as an SVG (`forever.rs`, `svg.rs`).
+//!    sizes and VACUUM time as one table grows, drawn as an SVG (`forever.rs`, `svg.rs`),
+//! 11. claims and replays through PgBouncer in transaction mode vs a direct connection with
+//!     prepared statements (`pooler.rs`).
 //!
 //! It uses the release-profile `tombstoned` binary cargo builds for it (`CARGO_BIN_EXE_…`), starts
 //! a throwaway PostgreSQL with the settings in [`server::SETTINGS`] (or uses `--database-url`),
@@ -29,6 +31,7 @@ mod daemon;
 mod forever;
 mod http_load;
 mod pgbench;
+mod pooler;
 mod replays;
 mod report;
 mod seed;
@@ -57,9 +60,10 @@ struct Args {
     /// Small scale, one repetition, targets reported but not gated (CI smoke test).
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (1-9), e.g. `--only 1` or `--only 1,3` (default: 1-8, and 9 with
-    /// --quick; scenario 9 at full scale grows a table to 50 M keys, so it runs when named).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=9))]
+    /// Run only these scenarios (1-9, 11), e.g. `--only 1` or `--only 1,3` (default: 1-8 and 11,
+    /// and 9 with --quick; scenario 9 at full scale grows a table to 50 M keys, so it runs when
+    /// named).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=11))]
     only: Vec<u8>,
     /// Repetitions per measurement (default 3, or 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
@@ -454,9 +458,9 @@ async fn run(args: Args) -> Result<()> {
     // Scenario 9 at full scale grows a table to 50 M keys (~40 min, ~20 GB of disk): it runs by
     // default at the quick scale only (its 1 M point), at full scale when named (`--only 9`).
     let only: Vec<u8> = if args.only.is_empty() && scale.quick {
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 11]
     } else if args.only.is_empty() {
-        vec![1, 2, 3, 4, 5, 6, 7, 8]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 11]
     } else {
         args.only.clone()
     };
@@ -522,6 +526,7 @@ async fn run(args: Args) -> Result<()> {
                 7 => workers::scenario7(&mut bench).await?,
                 8 => sql_api::scenario8(&mut bench).await?,
                 9 => forever::scenario9(&mut bench).await?,
+                11 => pooler::scenario11(&mut bench).await?,
                 _ => bail!("no scenario {id}"),
             };
             result.seconds = t.elapsed().as_secs_f64();

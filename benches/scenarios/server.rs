@@ -9,6 +9,7 @@ use anyhow::{bail, Context as _, Result};
 use tokio_postgres::{Client, NoTls};
 use tombstoned::pg_cluster::{find_bin_dir, ClusterOptions, ThrowawayCluster};
 use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
+use tombstoned_testkit::pgbouncer::{PgBouncer, PoolMode};
 
 /// The server settings every scenario and baseline runs with, and why each differs from the
 /// default. Durability is the default's: `fsync`, `synchronous_commit` and `full_page_writes`
@@ -291,6 +292,14 @@ impl Server {
     /// The cluster's data directory, when this run owns the cluster (for `pg_waldump`).
     pub fn data_dir(&self) -> Option<PathBuf> {
         self.cluster.as_ref().map(|c| c.dir().join("data"))
+    }
+
+    /// A real PgBouncer in `mode` with `pool_size` server connections per database in front of
+    /// this server (scenario 11), stopped when dropped.
+    pub async fn pgbouncer(&self, mode: PoolMode, pool_size: u32) -> Result<PgBouncer> {
+        PgBouncer::start_for(&self.admin, self.cluster.as_ref(), mode, pool_size)
+            .await
+            .context("starting PgBouncer (Debian package pgbouncer)")
     }
 
     /// The server binaries' directory, when this run owns the cluster.

@@ -13,6 +13,12 @@
 //! COMMIT;                                            -- ends as ROLLBACK if the statement failed
 //! ```
 //!
+//! Behind a transaction pooler (`database.pooler = "transaction"`) the third statement is
+//! [`sql::CALL_CLAIM_AND_CREATE`] (or [`sql::CALL_CLAIM_REJECTED`]): the same statement run by its
+//! function (migration V6), whose plan PL/pgSQL keeps for the server connection where no named
+//! statement may stay ([`sql::claim_and_create`] chooses, and says why). Everything below holds
+//! for both.
+//!
 //! [`sql::CLAIM_AND_CREATE`] inserts the idempotency record with `ON CONFLICT (scope, key) DO
 //! NOTHING`, and, in data-modifying CTEs that read the claim's `RETURNING`, the order and its
 //! `order.created` outbox event. The record is inserted *complete* (status 201, the response body,
@@ -311,6 +317,20 @@ pub async fn claim(
         db::discard(client);
     }
     result
+}
+
+/// Through a transaction pooler the claim runs the endpoint's functions (migration V6;
+/// [`sql::claim_and_create`] says why): the role of `conn`'s session when it may not execute
+/// them (a daemon running as another role than `migrate`'s, without the grant the migration
+/// gives roles that hold the tables' privileges), `None` when it may.
+pub async fn role_without_claim_functions(conn: &Conn<'_>) -> Result<Option<String>, DbError> {
+    let row = conn
+        .query_one(sql::MAY_EXECUTE_CLAIM_FUNCTIONS, &[])
+        .await
+        .map_err(DbError::Query)?;
+    let role: String = row.try_get(0).map_err(DbError::Query)?;
+    let may: bool = row.try_get(1).map_err(DbError::Query)?;
+    Ok((!may).then_some(role))
 }
 
 #[cfg(test)]

@@ -247,7 +247,7 @@ async fn owner_attempt(
             in_transaction(
                 client,
                 sql::SET_LOCK_TIMEOUT,
-                sql::CLAIM_AND_CREATE,
+                sql::claim_and_create(client.pooler()),
                 lock_timeout,
                 &[
                     &req.tenant,
@@ -275,7 +275,7 @@ async fn owner_attempt(
             in_transaction(
                 client,
                 sql::SET_LOCK_TIMEOUT,
-                sql::CLAIM_REJECTED,
+                sql::claim_rejected(client.pooler()),
                 lock_timeout,
                 &[
                     &req.tenant,

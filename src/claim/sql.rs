@@ -3,6 +3,8 @@
 //! checks they match), so they change only deliberately. How the statements make up the
 //! protocol's transactions is in [`crate::claim`].
 
+use crate::db::Pooler;
+
 /// The order's JSON representation, as one SQL expression over ten SQL expressions. Used by the
 /// claim (over parameters) and by the duplicate-request lookup (over an `orders` row), so both
 /// produce the same jsonb — and the same text — for the same order. The colons of the time
@@ -179,6 +181,54 @@ pub const CLAIM_REJECTED: &str = concat!(
     claim_result!()
 );
 
+/// [`CLAIM_AND_CREATE`] run by its function (`endpoint_claim_order`, migration V6), whose body
+/// is that statement's text: same parameters with the same types, same result columns, same
+/// locks and errors. Sent only through a transaction pooler ([`claim_and_create`]).
+pub const CALL_CLAIM_AND_CREATE: &str = "SELECT * FROM {schema}.endpoint_claim_order(\
+$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
+
+/// [`CLAIM_REJECTED`] run by its function (`endpoint_claim_rejected`, migration V6), as
+/// [`CALL_CLAIM_AND_CREATE`] runs [`CLAIM_AND_CREATE`].
+pub const CALL_CLAIM_REJECTED: &str =
+    "SELECT * FROM {schema}.endpoint_claim_rejected($1, $2, $3, $4, $5, $6, $7, $8)";
+
+/// The owner attempt's statement that claims and creates the order, as sent with `pooler`.
+/// See [`through_pooler`] for why a transaction pooler gets the function call.
+pub fn claim_and_create(pooler: Pooler) -> &'static str {
+    through_pooler(pooler, CLAIM_AND_CREATE, CALL_CLAIM_AND_CREATE)
+}
+
+/// The owner attempt's statement that stores a rejection, as sent with `pooler` (see
+/// [`through_pooler`]).
+pub fn claim_rejected(pooler: Pooler) -> &'static str {
+    through_pooler(pooler, CLAIM_REJECTED, CALL_CLAIM_REJECTED)
+}
+
+/// The one place that chooses between a claim statement and its function. Where a named
+/// statement may be kept (`none`, `session`), the fused statement itself: prepared once per
+/// connection, it is parsed and planned once, and that wire shape is the one the tests pin.
+/// Through a transaction pooler nothing named may outlive its transaction, so the statement
+/// would go unnamed and be parsed and planned at every request (round 2: a claim 1.7-2.6 x
+/// dearer). PL/pgSQL keeps the plan of the function's statement for the server connection,
+/// which outlives the pooler's transactions: the call is what gets planned per request, and a
+/// call is cheap to plan.
+fn through_pooler(pooler: Pooler, statement: &'static str, call: &'static str) -> &'static str {
+    if pooler.keeps_prepared_statements() {
+        statement
+    } else {
+        call
+    }
+}
+
+/// This session's role, and whether it may execute both functions of [`CALL_CLAIM_AND_CREATE`]
+/// and [`CALL_CLAIM_REJECTED`]: `serve` checks it at start-up through a transaction pooler.
+pub const MAY_EXECUTE_CLAIM_FUNCTIONS: &str = "\
+SELECT current_user::text,
+       has_function_privilege('{schema}.endpoint_claim_order(text, text, text, text, bytea, uuid, \
+text, bigint, text, text, text, integer, text, bigint, uuid, jsonb)', 'EXECUTE')
+       AND has_function_privilege('{schema}.endpoint_claim_rejected(text, text, text, text, \
+bytea, smallint, jsonb, bigint)', 'EXECUTE')";
+
 /// The columns both claim statements return, in order.
 pub const CLAIM_RESULT_COLUMNS: [&str; 7] = [
     "created",
@@ -338,6 +388,8 @@ pub const STATEMENTS: &[(&str, &str)] = &[
     ("set_replay_settings", SET_REPLAY_SETTINGS),
     ("claim_and_create", CLAIM_AND_CREATE),
     ("claim_rejected", CLAIM_REJECTED),
+    ("call_claim_and_create", CALL_CLAIM_AND_CREATE),
+    ("call_claim_rejected", CALL_CLAIM_REJECTED),
     ("ensure_scope", ENSURE_SCOPE),
     ("read_for_replay", READ_FOR_REPLAY),
     ("read_expired", READ_EXPIRED),
@@ -373,6 +425,27 @@ mod tests {
             !READ_EXPIRED.contains("FOR "),
             "the expired read takes no lock"
         );
+    }
+
+    #[test]
+    fn only_a_transaction_pooler_gets_the_function_calls_with_the_same_parameters() {
+        for pooler in [Pooler::None, Pooler::Session] {
+            assert_eq!(claim_and_create(pooler), CLAIM_AND_CREATE);
+            assert_eq!(claim_rejected(pooler), CLAIM_REJECTED);
+        }
+        assert_eq!(claim_and_create(Pooler::Transaction), CALL_CLAIM_AND_CREATE);
+        assert_eq!(claim_rejected(Pooler::Transaction), CALL_CLAIM_REJECTED);
+        let highest = |text: &str| {
+            text.split('$')
+                .skip(1)
+                .filter_map(|t| {
+                    let digits: String = t.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse::<usize>().ok()
+                })
+                .max()
+        };
+        assert_eq!(highest(CALL_CLAIM_AND_CREATE), highest(CLAIM_AND_CREATE));
+        assert_eq!(highest(CALL_CLAIM_REJECTED), highest(CLAIM_REJECTED));
     }
 
     #[test]

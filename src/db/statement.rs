@@ -117,6 +117,7 @@ enum Naming<'a> {
 pub struct Conn<'a> {
     client: &'a Client,
     schema: &'a str,
+    pooler: Pooler,
     naming: Naming<'a>,
 }
 
@@ -132,6 +133,7 @@ impl<'a> Conn<'a> {
         Conn {
             client,
             schema,
+            pooler,
             naming,
         }
     }
@@ -147,6 +149,7 @@ impl<'a> Conn<'a> {
         Conn {
             client,
             schema,
+            pooler,
             naming,
         }
     }
@@ -159,6 +162,12 @@ impl<'a> Conn<'a> {
     /// The schema statements name.
     pub fn schema(&self) -> &'a str {
         self.schema
+    }
+
+    /// What sits between this session and PostgreSQL (a caller that has a choice of statement
+    /// texts picks by it: the claim, `crate::claim::sql::claim_and_create`).
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
     }
 
     /// `template` with the schema named: the text sent.

@@ -4,7 +4,8 @@
 //! scripts generated from the claim statements ([`pgbench_scripts`]), and what tests do to a
 //! throwaway cluster beyond the demo — test options, stopping and restarting the server, running
 //! tools as its owner — with connection strings for the databases they create ([`cluster`]);
-//! and streaming standbys of such a cluster for the failover and replica tests ([`standby`]).
+//! and streaming standbys of such a cluster for the failover and replica tests ([`standby`]);
+//! a real PgBouncer in front of a server, for the pooler tests and the benchmark ([`pgbouncer`]).
 //!
 //! Used as a dev-dependency by `tests/it`, `tests/reliability` and `benches/scenarios`; those keep
 //! `crate::harness` and `crate::cleanup_support` as re-exports, adding what only a test of the
@@ -15,4 +16,5 @@ pub mod cleanup_support;
 pub mod cluster;
 pub mod harness;
 pub mod pgbench_scripts;
+pub mod pgbouncer;
 pub mod standby;

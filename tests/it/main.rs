@@ -23,6 +23,7 @@ mod demo;
 mod demo_keep;
 mod dist;
 mod doc_samples;
+mod endpoint_functions;
 mod error_text;
 mod examples;
 mod lease;

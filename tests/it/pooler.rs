@@ -6,8 +6,10 @@
 //! refuses a transaction pooler in one line, a transaction pooler configured as
 //! `pooler = "none"` is named in the error, two daemons through the transaction pooler never
 //! clean at the same time (the lease row), and a run of four cleanup workers shares the
-//! transaction pooler's two server connections. The daemon connects through PgBouncer; the tests'
-//! observer sessions connect directly.
+//! transaction pooler's two server connections; and, on a cluster of its own, that claims
+//! through the transaction pooler run the fused statement inside its function (V6), planned a
+//! few times per server connection, not per request. The daemon connects through PgBouncer; the
+//! tests' observer sessions connect directly.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -468,4 +470,199 @@ async fn parallel_cleanup_through_a_transaction_pooler_leaves_nothing_behind() {
     assert_eq!(crate::cleanup_support::counts(&observer).await, (200, 0));
     crate::cleanup_support::assert_lease_free(&observer).await;
     assert_nothing_left(&bouncer, mode, &db).await;
+}
+
+/// Whether the server binaries in `bin_dir` come with `library` (Debian's do with
+/// pg_stat_statements; a bundled build may not).
+fn has_library(bin_dir: &std::path::Path, library: &str) -> bool {
+    let file = format!("{library}.so");
+    bin_dir.parent().is_some_and(|root| {
+        [root.join("lib"), root.join("lib/postgresql")]
+            .iter()
+            .any(|dir| dir.join(&file).is_file())
+    })
+}
+
+/// Through PgBouncer in transaction mode the daemon's claims run the fused statement inside its
+/// function (V6), whose plan PL/pgSQL keeps for the server connection: on a cluster of this test's
+/// own (`track_functions = 'pl'`, and pg_stat_statements tracking nested statements with their
+/// planning when the server has it), after claims, replays and a stored rejection through two
+/// server connections, every owner attempt is one call of `endpoint_claim_order` (or
+/// `endpoint_claim_rejected`), the daemon never sent the fused text itself, and the fused text
+/// was planned far fewer times than it ran. Counts are read after the server connections closed
+/// (their backends flush their statistics when they exit), behind a barrier on
+/// `pg_stat_activity`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_through_the_transaction_pooler_run_the_fused_statement_planned_once_per_connection()
+{
+    use tombstoned::pg_cluster::{find_bin_dir, ClusterOptions, ThrowawayCluster};
+    use tombstoned_testkit::cluster::ClusterOptionsTestExt as _;
+
+    let statements = find_bin_dir().is_ok_and(|dir| has_library(&dir, "pg_stat_statements"));
+    let mut options = ClusterOptions::for_tests().set("track_functions", "pl");
+    if statements {
+        options = options
+            .set("shared_preload_libraries", "pg_stat_statements")
+            .set("pg_stat_statements.track", "all")
+            .set("pg_stat_statements.track_planning", "on");
+    }
+    let cluster = tokio::task::spawn_blocking(move || ThrowawayCluster::start(&options))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("cluster: {e}"));
+    let server: tokio_postgres::Config = cluster.url("postgres").parse().unwrap();
+    let connect = |dbname: &str| {
+        let url = cluster.url(dbname);
+        async move {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+        }
+    };
+    let admin = connect("postgres").await;
+    admin.batch_execute("CREATE DATABASE pooled").await.unwrap();
+    if statements {
+        admin
+            .batch_execute("CREATE EXTENSION pg_stat_statements")
+            .await
+            .unwrap();
+    }
+    migrations::migrate(&config_for(&cluster.url("pooled"), &[]).database)
+        .await
+        .unwrap();
+    if statements {
+        // The migration's CREATE FUNCTION statements hold the fused text too.
+        admin
+            .batch_execute("SELECT pg_stat_statements_reset()")
+            .await
+            .unwrap();
+    }
+    let observer = connect("pooled").await;
+
+    let mode = PoolMode::Transaction;
+    let bouncer = PgBouncer::start_for(&server, Some(&cluster), mode, TRANSACTION_POOL_SIZE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let daemon = Daemon::start(
+        Spec::new(&bouncer.url("pooled"))
+            .env("TOMBSTONED_DATABASE__POOLER", mode.setting())
+            .env("TOMBSTONED_DATABASE__POOL_SIZE", API_POOL_SIZE),
+    )
+    .await;
+    const CLAIMS: usize = 40;
+    const REPLAYS: usize = 10;
+    for i in 0..CLAIMS {
+        daemon
+            .create_order(
+                daemon_support::ALICE,
+                &format!("fn-{i}"),
+                &order(&format!("fn-req-{i}")),
+            )
+            .await
+            .expect(201);
+    }
+    for i in 0..REPLAYS {
+        let again = daemon
+            .create_order(
+                daemon_support::ALICE,
+                &format!("fn-{i}"),
+                &order(&format!("fn-req-{i}")),
+            )
+            .await;
+        again.expect(201);
+        assert!(again.replayed());
+    }
+    let mut big = order("fn-big");
+    big["amount"] = serde_json::json!("5000.01");
+    for _ in 0..2 {
+        daemon
+            .create_order(daemon_support::ALICE, "fn-big", &big)
+            .await
+            .expect(422);
+    }
+    // Its server connections close: their backends exit and flush their statistics.
+    drop(daemon);
+    drop(bouncer);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let others: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if others == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{others} backends still on the database"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    let calls = |function: &'static str| {
+        let observer = &observer;
+        async move {
+            observer
+                .query_opt(
+                    "SELECT calls FROM pg_stat_user_functions WHERE funcname = $1",
+                    &[&function],
+                )
+                .await
+                .unwrap()
+                .map_or(0, |row| row.get::<_, i64>(0))
+        }
+    };
+    // Every owner attempt: the scope's first claim (answered "no scope yet", then claimed
+    // again), the claims, the replays (answered by the same statement), the rejection and its
+    // replay.
+    let order_calls = calls("endpoint_claim_order").await;
+    assert_eq!(order_calls, (1 + CLAIMS + REPLAYS) as i64);
+    assert_eq!(calls("endpoint_claim_rejected").await, 2);
+
+    if !statements {
+        eprintln!("pg_stat_statements is not installed: the planning counts were not checked");
+        return;
+    }
+    let fused = |toplevel: bool| {
+        let admin = &admin;
+        async move {
+            admin
+                .query_one(
+                    "SELECT coalesce(sum(calls), 0)::int8, coalesce(sum(plans), 0)::int8
+                     FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+                     WHERE d.datname = 'pooled' AND s.toplevel = $1
+                       AND s.query LIKE '%ON CONFLICT (scope_id, idempotency_key) DO NOTHING%'
+                       AND s.query LIKE '%new_order AS%'",
+                    &[&toplevel],
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let sent = fused(true).await;
+    assert_eq!(
+        sent.get::<_, i64>(0),
+        0,
+        "the daemon sent the fused statement itself"
+    );
+    let nested = fused(false).await;
+    let (runs, plans): (i64, i64) = (nested.get(0), nested.get(1));
+    assert_eq!(runs, order_calls, "the fused statement ran once per call");
+    println!(
+        "through PgBouncer ({TRANSACTION_POOL_SIZE} server connections): the fused statement ran \
+         {runs} times inside endpoint_claim_order and was planned {plans} times"
+    );
+    assert!(
+        plans * 2 < runs,
+        "planned {plans} times for {runs} runs: not kept per server connection"
+    );
 }

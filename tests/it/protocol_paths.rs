@@ -5,9 +5,12 @@
 //!
 //! - **fused**: `tombstoned::claim::claim`, exactly what `POST /v1/orders` runs;
 //! - **functions**: the SQL API in the caller's transaction — `claim`, the order and its event,
-//!   `complete`, COMMIT — as any other service writes it.
+//!   `complete`, COMMIT — as any other service writes it;
+//! - **fused in its function**: `tombstoned::claim::claim` with `database.pooler =
+//!   "transaction"`, what `POST /v1/orders` runs behind a transaction pooler: every statement
+//!   unnamed, and the fused statement run by its function (`endpoint_claim_order`, V6).
 //!
-//! Both use the endpoint's scope (`create-order`) and fingerprint, so a record one path wrote is
+//! All use the endpoint's scope (`create-order`) and fingerprint, so a record one path wrote is
 //! answered by the other: the cross-path case checks that, byte for byte.
 
 use std::time::Duration;
@@ -35,14 +38,15 @@ const PATIENCE: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(20);
 const SHORT_WAIT: Duration = Duration::from_millis(200);
 
-/// The two implementations.
+/// The two implementations, the endpoint's in both of its shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
     Fused,
     Functions,
+    FusedInFunction,
 }
 
-const PATHS: [Path; 2] = [Path::Fused, Path::Functions];
+const PATHS: [Path; 3] = [Path::Fused, Path::Functions, Path::FusedInFunction];
 
 /// What either path answered, in the protocol's words.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,11 +61,13 @@ enum Answer {
     DuplicateRequest,
 }
 
-/// A test database with a pool for the fused path and a session for the functions path.
+/// A test database with a pool for the fused path, one configured for a transaction pooler
+/// (the fused statement in its function), and a session for the functions path.
 struct Ctx {
     db: TestDb,
     config: Config,
     pool: Pool,
+    in_function: (Config, Pool),
     session: Client,
     admin: Client,
 }
@@ -81,12 +87,16 @@ impl Ctx {
         let config = db.config();
         let pool = tombstoned::db::pool(&config.database, "api", 4, Duration::from_secs(10))
             .expect("pool");
+        let pooled = db.config_with(&[("TOMBSTONED_DATABASE__POOLER", "transaction")]);
+        let pooled_pool = tombstoned::db::pool(&pooled.database, "api", 4, Duration::from_secs(10))
+            .expect("pool");
         let session = db.client().await;
         let admin = db.client().await;
         Ctx {
             db,
             config,
             pool,
+            in_function: (pooled, pooled_pool),
             session,
             admin,
         }
@@ -115,13 +125,28 @@ async fn attempt(
 ) -> Answer {
     let fingerprint = Fingerprint::of(order, API_VERSION).unwrap();
     match path {
-        Path::Fused => fused(ctx, key, order, fingerprint, lock_timeout).await,
+        Path::Fused => {
+            fused(
+                &ctx.pool,
+                &ctx.config,
+                key,
+                order,
+                fingerprint,
+                lock_timeout,
+            )
+            .await
+        }
         Path::Functions => functions(&ctx.session, key, order, fingerprint, lock_timeout).await,
+        Path::FusedInFunction => {
+            let (config, pool) = &ctx.in_function;
+            fused(pool, config, key, order, fingerprint, lock_timeout).await
+        }
     }
 }
 
 async fn fused(
-    ctx: &Ctx,
+    pool: &Pool,
+    config: &Config,
     key: &str,
     order: &OrderRequest,
     fingerprint: Fingerprint,
@@ -139,7 +164,7 @@ async fn fused(
         order: order.clone(),
         decision: Decision::Create,
     };
-    match claim::claim(&ctx.pool, &ctx.config.database, &settings, &request)
+    match claim::claim(pool, &config.database, &settings, &request)
         .await
         .unwrap()
     {
@@ -441,6 +466,9 @@ async fn a_record_written_by_one_path_is_replayed_identically_by_the_other() {
     for (writer, reader) in [
         (Path::Fused, Path::Functions),
         (Path::Functions, Path::Fused),
+        (Path::FusedInFunction, Path::Functions),
+        (Path::Functions, Path::FusedInFunction),
+        (Path::Fused, Path::FusedInFunction),
     ] {
         let ctx = Ctx::new().await;
         let intent = order("req-x", 100);

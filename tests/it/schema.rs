@@ -19,13 +19,13 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(before.applied.is_empty());
-    assert_eq!(before.pending.len(), 5, "{before:?}");
+    assert_eq!(before.pending.len(), 6, "{before:?}");
     assert!(before.problem().unwrap().contains("tombstoned migrate"));
 
     let first = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(
         first.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [1, 2, 3, 4, 5]
+        [1, 2, 3, 4, 5, 6]
     );
     let second = migrations::migrate(&config.database).await.unwrap();
     assert!(second.is_empty(), "second run applied {second:?}");
@@ -34,7 +34,7 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(after.is_current(), "{after:?}");
-    assert_eq!(after.applied.len(), 5);
+    assert_eq!(after.applied.len(), 6);
 }
 
 #[tokio::test]
@@ -67,14 +67,14 @@ async fn concurrent_migrate_runs_are_serialised() {
             .expect("every concurrent run succeeds")
             .len();
     }
-    assert_eq!(applied, 5, "V1 to V5 are each applied by exactly one run");
+    assert_eq!(applied, 6, "V1 to V6 are each applied by exactly one run");
     let client = db.client().await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 5);
+    assert_eq!(rows, 6);
 }
 
 #[tokio::test]
@@ -451,7 +451,7 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
             "{args:?}: one line: {stderr}"
         );
         assert!(
-            stderr.contains("5 migration(s) pending (V1__")
+            stderr.contains("6 migration(s) pending (V1__")
                 && stderr.contains("run `tombstoned migrate` first"),
             "{args:?}: {stderr}"
         );

@@ -1394,12 +1394,15 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
     let after: String = admin.query_one(&checksum_sql, &[]).await.unwrap().get(0);
     assert_eq!(after, before, "V4 changed existing records");
     assert_eq!(size_v4, size_v3, "V4 made an endpoint tombstone larger");
-    // Then the release after it (V5, the compact card: its own upgrade test is
-    // `v5_upgrades_a_populated_v4_database_in_place`).
+    // Then the releases after it (V5, the compact card: its own upgrade test is
+    // `v5_upgrades_a_populated_v4_database_in_place`; V6, the endpoint's claim functions).
     let applied = tombstoned::db::migrations::migrate(&config.database)
         .await
         .unwrap();
-    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [5]);
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        [5, 6]
+    );
 
     // The endpoint's record, seen through the functions: its order id is its resource.
     let svc = Service::create(&db).await;
@@ -1633,7 +1636,10 @@ async fn v5_upgrades_a_populated_v4_database_in_place() {
     crate::cleanup_support::wait_until_sessions_wait(&admin, "tombstoned/migrate", 1).await;
     c.batch_execute("COMMIT").await.unwrap();
     let applied = upgrade.await.unwrap().unwrap();
-    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [5]);
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        [5, 6]
+    );
 
     // Every card reads the same, through the view; the tuples are smaller, the live ones too.
     let after = admin
@@ -1814,7 +1820,7 @@ async fn migrate_installs_the_sql_api_as_an_unprivileged_database_owner() {
     let applied = tombstoned::db::migrations::migrate(&config.database)
         .await
         .unwrap();
-    assert_eq!(applied.len(), 5);
+    assert_eq!(applied.len(), 6);
     // Its functions work for a service role it grants them to.
     let owner = Service::connect(&db, &role).await;
     let service = format!("svc_{}", db.name);

@@ -1,0 +1,196 @@
+//! The endpoint's claim statements as functions (migration V6, used only with `database.pooler =
+//! "transaction"`): each body is exactly its Rust constant; the migration grants EXECUTE to the
+//! roles that already hold the tables' privileges and to nobody else; `serve` through a
+//! transaction pooler refuses, in one line, a role that may not execute them, and claims through
+//! them once granted. (tests/it/protocol_paths.rs runs the protocol's cases through them;
+//! tests/it/pooler.rs through a real PgBouncer.)
+
+use tombstoned::claim::sql::{CLAIM_AND_CREATE, CLAIM_REJECTED};
+
+use crate::api_support::order;
+use crate::daemon_support::{self, Daemon, Spec};
+use crate::harness::{binary, server, TestDb};
+use crate::ops_support::repo_root;
+
+/// The functions' argument lists, as `regprocedure` names them.
+const CLAIM_ORDER: &str = "tombstoned.endpoint_claim_order(text, text, text, text, bytea, uuid, \
+                           text, bigint, text, text, text, integer, text, bigint, uuid, jsonb)";
+const CLAIM_REJECTED_FN: &str = "tombstoned.endpoint_claim_rejected(text, text, text, text, \
+                                 bytea, smallint, jsonb, bigint)";
+
+/// Runs of whitespace as one space: the comparison is of the SQL, not of its layout.
+fn normalised(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// What a function's body must be: `RETURN QUERY` of the constant, its schema prefix left out
+/// (the function's search_path is pinned to the schema).
+fn body_of(statement: &str) -> String {
+    normalised(&format!(
+        "#variable_conflict use_column\nBEGIN\n    RETURN QUERY\n{};\nEND",
+        statement.replace("{schema}.", "")
+    ))
+}
+
+#[tokio::test]
+async fn each_function_body_is_exactly_the_endpoints_statement() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    for (function, statement) in [
+        (CLAIM_ORDER, CLAIM_AND_CREATE),
+        (CLAIM_REJECTED_FN, CLAIM_REJECTED),
+    ] {
+        let source: String = admin
+            .query_one(
+                "SELECT prosrc FROM pg_proc WHERE oid = $1::text::regprocedure",
+                &[&function],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            normalised(&source),
+            body_of(statement),
+            "{function} drifted from the Rust constant: a changed statement needs a migration \
+             that replaces the function"
+        );
+    }
+}
+
+/// `tombstoned serve` on `url` with `pooler = "transaction"` and the API on, run to its exit.
+fn serve_through_transaction_pooler(url: &str) -> std::process::Output {
+    std::process::Command::new(binary())
+        .arg("serve")
+        .env_clear()
+        .env("TOMBSTONED_DATABASE_URL", url)
+        .env("TOMBSTONED_DATABASE__POOLER", "transaction")
+        // Only the error line (the tokens file's INFO line otherwise comes first).
+        .env("RUST_LOG", "warn")
+        .env("TOMBSTONED_API__LISTEN", "127.0.0.1:0")
+        .env("TOMBSTONED_METRICS__LISTEN", "127.0.0.1:0")
+        .env(
+            "TOMBSTONED_API__TOKENS_FILE",
+            repo_root().join("config/tokens.toml"),
+        )
+        .output()
+        .unwrap()
+}
+
+/// A V5 schema (V6 pending): `serve` through a transaction pooler refuses it as any daemon does,
+/// naming V6, before a claim could call a function that is not there.
+#[tokio::test]
+async fn serve_through_a_transaction_pooler_refuses_a_schema_without_v6() {
+    let db = TestDb::empty().await;
+    let mut admin = db.client().await;
+    crate::schema_support::migrate_to(&mut admin, 5).await;
+    let serve = serve_through_transaction_pooler(&db.url);
+    let stderr = String::from_utf8_lossy(&serve.stderr);
+    assert_eq!(serve.status.code(), Some(69), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("1 migration(s) pending (V6__endpoint_claim_functions)"),
+        "{stderr}"
+    );
+}
+
+/// Whether `role` may execute both functions.
+async fn may_execute(admin: &tokio_postgres::Client, role: &str) -> (bool, bool) {
+    let row = admin
+        .query_one(
+            "SELECT has_function_privilege($1, $2::text::regprocedure, 'EXECUTE'),
+                    has_function_privilege($1, $3::text::regprocedure, 'EXECUTE')",
+            &[&role, &CLAIM_ORDER, &CLAIM_REJECTED_FN],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// V6 on a V5 database with a daemon role (the tables' privileges, granted by hand as the README
+/// says) and a read-only role: the daemon role may execute both functions afterwards, the
+/// read-only one and PUBLIC neither.
+#[tokio::test]
+async fn v6_grants_execute_to_the_roles_that_may_already_write_what_the_functions_write() {
+    let db = TestDb::empty().await;
+    let mut admin = db.client().await;
+    assert_eq!(
+        crate::schema_support::migrate_to(&mut admin, 5).await,
+        [1, 2, 3, 4, 5]
+    );
+    let daemon_role = format!("writer_{}", db.name);
+    let reader_role = format!("reader_{}", db.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {daemon_role} LOGIN;
+             GRANT USAGE ON SCHEMA tombstoned TO {daemon_role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA tombstoned
+                 TO {daemon_role};
+             CREATE ROLE {reader_role} LOGIN;
+             GRANT USAGE ON SCHEMA tombstoned TO {reader_role};
+             GRANT SELECT ON ALL TABLES IN SCHEMA tombstoned TO {reader_role}"
+        ))
+        .await
+        .unwrap();
+    let config = db.config();
+    let applied = tombstoned::db::migrations::migrate(&config.database)
+        .await
+        .unwrap();
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [6]);
+    assert_eq!(may_execute(&admin, &daemon_role).await, (true, true));
+    assert_eq!(may_execute(&admin, &reader_role).await, (false, false));
+    assert_eq!(may_execute(&admin, "public").await, (false, false));
+}
+
+/// `serve` with `pooler = "transaction"` as a role that may write the tables but not execute the
+/// functions (given its privileges after `migrate`): exit 69, one line naming the functions, the
+/// role and the fix. Granted EXECUTE, it starts and claims and replays through them.
+#[tokio::test]
+async fn serve_through_a_transaction_pooler_refuses_a_role_without_execute_then_claims() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    let role = format!("late_{}", db.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             GRANT USAGE ON SCHEMA tombstoned TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA tombstoned TO {role}"
+        ))
+        .await
+        .unwrap();
+    let mut as_role = server().clone();
+    as_role.user(&role);
+    let url = tombstoned_testkit::cluster::conninfo_for_database(&as_role, &db.name);
+    let serve = serve_through_transaction_pooler(&url);
+    let stderr = String::from_utf8_lossy(&serve.stderr);
+    assert_eq!(serve.status.code(), Some(69), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    for part in [
+        "refusing to start",
+        "endpoint_claim_order",
+        "endpoint_claim_rejected",
+        role.as_str(),
+        "EXECUTE",
+    ] {
+        assert!(lines[0].contains(part), "{part}: {stderr}");
+    }
+
+    admin
+        .batch_execute(&format!(
+            "GRANT EXECUTE ON FUNCTION {CLAIM_ORDER}, {CLAIM_REJECTED_FN} TO {role}"
+        ))
+        .await
+        .unwrap();
+    let daemon =
+        Daemon::start(Spec::new(&url).env("TOMBSTONED_DATABASE__POOLER", "transaction")).await;
+    let first = daemon
+        .create_order(daemon_support::ALICE, "late-key", &order("late-req"))
+        .await;
+    first.expect(201);
+    let again = daemon
+        .create_order(daemon_support::ALICE, "late-key", &order("late-req"))
+        .await;
+    again.expect(201);
+    assert!(again.replayed());
+    assert_eq!(again.text, first.text);
+}
