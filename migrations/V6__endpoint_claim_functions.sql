@@ -10,11 +10,20 @@
 -- 1.7-2.6 x dearer there. A PL/pgSQL function keeps the plan of each of its statements for the
 -- server connection (the plan cache of prepared statements, the same generic-plan choice), and
 -- a server connection outlives the transactions a pooler multiplexes on it. So in transaction
--- mode the daemon's claim sends `SELECT * FROM endpoint_claim_order($1, ..., $16)` (a call,
--- cheap to plan) in place of the statement itself; everything else of its transaction is
--- unchanged (BEGIN; set_config(lock_timeout); <claim>; COMMIT, pipelined).
+-- mode the daemon's owner attempt is `SELECT * FROM endpoint_claim_order($1, ..., $17)` (a call,
+-- cheap to plan) and nothing else: one statement, its own implicit transaction, one round trip
+-- and one server-connection assignment in the pooler, where a direct connection sends BEGIN, the
+-- lock timeout, the statement and COMMIT. The function does what those added:
 --
--- What. Each body is `RETURN QUERY` of exactly the daemon's statement text, the schema prefix
+-- * it refuses to run unless the transaction is READ COMMITTED (SQLSTATE TS005; the protocol's
+--   re-checks after a lock wait rely on it, docs/protocol.md): an implicit transaction takes the
+--   server's default_transaction_isolation, which a role or database may set otherwise. The
+--   daemon then runs the same call inside `BEGIN ISOLATION LEVEL READ COMMITTED ... COMMIT`;
+-- * it sets `lock_timeout` (its last argument, e.g. '2000ms') transaction-locally, so the wait
+--   for an in-flight owner of the key is bounded (55P03) and nothing is left on the server
+--   connection when the transaction ends.
+--
+-- What. After those two steps, each body is `RETURN QUERY` of exactly the daemon's statement text, the schema prefix
 -- left out (the search_path is pinned), `$1..$n` being the function's arguments with the types
 -- the daemon sends the statement's parameters as; the result columns are the statement's
 -- (created, body, order_id, fingerprint, expired, past_deadline, status_code). A test compares
@@ -35,8 +44,9 @@
 --
 --     GRANT EXECUTE ON FUNCTION
 --         <schema>.endpoint_claim_order(text, text, text, text, bytea, uuid, text, bigint, text,
---                                       text, text, integer, text, bigint, uuid, jsonb),
---         <schema>.endpoint_claim_rejected(text, text, text, text, bytea, smallint, jsonb, bigint)
+--                                       text, text, integer, text, bigint, uuid, jsonb, text),
+--         <schema>.endpoint_claim_rejected(text, text, text, text, bytea, smallint, jsonb, bigint,
+--                                          text)
 --     TO <role>;
 --
 -- Catalogue only: no table is touched.
@@ -47,10 +57,10 @@ SELECT set_config('search_path', format('%I, pg_temp', current_schema()), true);
 -- and its outbox event. $1 tenant, $2 principal, $3 operation, $4 idempotency key,
 -- $5 fingerprint, $6 new order id, $7 request_id, $8 amount_minor, $9 amount (decimal text),
 -- $10 currency, $11 item, $12 quantity, $13 recipient, $14 replay window in microseconds,
--- $15 new event id, $16 metadata (or NULL).
+-- $15 new event id, $16 metadata (or NULL), $17 lock_timeout (a setting value, '2000ms').
 CREATE FUNCTION endpoint_claim_order(
     text, text, text, text, bytea, uuid, text, bigint, text, text, text, integer, text, bigint,
-    uuid, jsonb)
+    uuid, jsonb, text)
     RETURNS TABLE (created boolean, body text, order_id uuid, fingerprint bytea,
                    expired boolean, past_deadline boolean, status_code smallint)
     LANGUAGE plpgsql
@@ -60,6 +70,12 @@ CREATE FUNCTION endpoint_claim_order(
 AS $$
 #variable_conflict use_column
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'the endpoint''s claim runs under READ COMMITTED, not %',
+                        current_setting('transaction_isolation')
+            USING ERRCODE = 'TS005';
+    END IF;
+    PERFORM set_config('lock_timeout', $17, true);
     RETURN QUERY
 WITH scope AS (
     SELECT scope_id FROM idempotency_scopes
@@ -113,9 +129,9 @@ $$;
 
 -- CLAIM_REJECTED: claim the key with a deterministic business rejection as its stored outcome;
 -- no order, no event. $1 tenant, $2 principal, $3 operation, $4 key, $5 fingerprint,
--- $6 status code, $7 problem body, $8 replay window in microseconds.
+-- $6 status code, $7 problem body, $8 replay window in microseconds, $9 lock_timeout.
 CREATE FUNCTION endpoint_claim_rejected(
-    text, text, text, text, bytea, smallint, jsonb, bigint)
+    text, text, text, text, bytea, smallint, jsonb, bigint, text)
     RETURNS TABLE (created boolean, body text, order_id uuid, fingerprint bytea,
                    expired boolean, past_deadline boolean, status_code smallint)
     LANGUAGE plpgsql
@@ -125,6 +141,12 @@ CREATE FUNCTION endpoint_claim_rejected(
 AS $$
 #variable_conflict use_column
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'the endpoint''s claim runs under READ COMMITTED, not %',
+                        current_setting('transaction_isolation')
+            USING ERRCODE = 'TS005';
+    END IF;
+    PERFORM set_config('lock_timeout', $9, true);
     RETURN QUERY
 WITH scope AS (
     SELECT scope_id FROM idempotency_scopes
@@ -165,8 +187,8 @@ $$;
 
 REVOKE ALL ON FUNCTION
     endpoint_claim_order(text, text, text, text, bytea, uuid, text, bigint, text, text, text,
-                         integer, text, bigint, uuid, jsonb),
-    endpoint_claim_rejected(text, text, text, text, bytea, smallint, jsonb, bigint)
+                         integer, text, bigint, uuid, jsonb, text),
+    endpoint_claim_rejected(text, text, text, text, bytea, smallint, jsonb, bigint, text)
 FROM PUBLIC;
 
 -- EXECUTE for the roles that may already do what the statements do: use the schema, read the
@@ -192,8 +214,8 @@ BEGIN
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION
             endpoint_claim_order(text, text, text, text, bytea, uuid, text, bigint, text, text,
-                                 text, integer, text, bigint, uuid, jsonb),
-            endpoint_claim_rejected(text, text, text, text, bytea, smallint, jsonb, bigint)
+                                 text, integer, text, bigint, uuid, jsonb, text),
+            endpoint_claim_rejected(text, text, text, text, bytea, smallint, jsonb, bigint, text)
             TO %s', r.role);
     END LOOP;
 END

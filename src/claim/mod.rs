@@ -13,11 +13,15 @@
 //! COMMIT;                                            -- ends as ROLLBACK if the statement failed
 //! ```
 //!
-//! Behind a transaction pooler (`database.pooler = "transaction"`) the third statement is
-//! [`sql::CALL_CLAIM_AND_CREATE`] (or [`sql::CALL_CLAIM_REJECTED`]): the same statement run by its
-//! function (migration V6), whose plan PL/pgSQL keeps for the server connection where no named
-//! statement may stay ([`sql::claim_and_create`] chooses, and says why). Everything below holds
-//! for both.
+//! Behind a transaction pooler (`database.pooler = "transaction"`) the owner attempt is one
+//! statement instead, [`sql::CALL_CLAIM_AND_CREATE`] (or [`sql::CALL_CLAIM_REJECTED`]): the same
+//! statement run by its function (migration V6), whose plan PL/pgSQL keeps for the server
+//! connection where no named statement may stay ([`sql::claim_and_create`] chooses, and says
+//! why). The function checks READ COMMITTED and sets the lock timeout itself, so the call is sent
+//! alone, an implicit transaction: one round trip and one server-connection assignment in the
+//! pooler. Under a server default of another isolation level it refuses (TS005, nothing done)
+//! and the call runs inside `BEGIN ISOLATION LEVEL READ COMMITTED ... COMMIT`. Everything below
+//! holds for both shapes.
 //!
 //! [`sql::CLAIM_AND_CREATE`] inserts the idempotency record with `ON CONFLICT (scope, key) DO
 //! NOTHING`, and, in data-modifying CTEs that read the claim's `RETURNING`, the order and its

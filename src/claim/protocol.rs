@@ -244,9 +244,8 @@ async fn owner_attempt(
             let event_id = Uuid::now_v7();
             let amount = o.currency.format(o.amount_minor);
             let currency = o.currency.code();
-            in_transaction(
+            claim_statement(
                 client,
-                sql::SET_LOCK_TIMEOUT,
                 sql::claim_and_create(client.pooler()),
                 lock_timeout,
                 &[
@@ -266,15 +265,15 @@ async fn owner_attempt(
                     &window_micros,
                     &event_id,
                     &o.metadata,
+                    &lock_timeout,
                 ],
             )
             .await?
         }
         Decision::Reject { status, body } => {
             let status = i16::try_from(*status).unwrap_or(422);
-            in_transaction(
+            claim_statement(
                 client,
-                sql::SET_LOCK_TIMEOUT,
                 sql::claim_rejected(client.pooler()),
                 lock_timeout,
                 &[
@@ -286,12 +285,57 @@ async fn owner_attempt(
                     &status,
                     body,
                     &window_micros,
+                    &lock_timeout,
                 ],
             )
             .await?
         }
     };
     Ok(rows.into_iter().next())
+}
+
+/// The owner attempt's transaction. With named statements (direct connections, session
+/// poolers): `BEGIN; SET_LOCK_TIMEOUT; <statement>; COMMIT`, pipelined, the statement taking all
+/// of `params` but the last (the lock timeout, which the settings statement sets). Through a
+/// transaction pooler the statement is its function's call, which checks READ COMMITTED and sets
+/// the lock timeout itself (`params`' last): sent alone, it is the whole transaction — one round
+/// trip and one server-connection assignment in the pooler. Under a server whose default
+/// isolation is not READ COMMITTED the function refuses ([`ErrorClass::WrongIsolation`], nothing
+/// done) and the call runs again inside `BEGIN ISOLATION LEVEL READ COMMITTED ... COMMIT`.
+async fn claim_statement(
+    client: &Conn<'_>,
+    statement: &'static str,
+    lock_timeout: &str,
+    params: &[&dyn Param],
+) -> Result<Vec<Row>, PipelineFailure> {
+    if client.pooler().keeps_prepared_statements() {
+        let statement_params = params.split_last().map_or(params, |(_, rest)| rest);
+        return in_transaction(
+            client,
+            sql::SET_LOCK_TIMEOUT,
+            statement,
+            lock_timeout,
+            statement_params,
+        )
+        .await;
+    }
+    match pipeline::alone(client, statement, params).await {
+        Err(failure) if db::classify(&failure.error) == ErrorClass::WrongIsolation => {
+            tracing::debug!(
+                "the server's default isolation is not READ COMMITTED: the claim runs in an \
+                 explicit transaction"
+            );
+            in_transaction(
+                client,
+                sql::SET_LOCK_TIMEOUT,
+                statement,
+                lock_timeout,
+                params,
+            )
+            .await
+        }
+        done => done,
+    }
 }
 
 fn owned(row: Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {

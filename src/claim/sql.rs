@@ -182,15 +182,19 @@ pub const CLAIM_REJECTED: &str = concat!(
 );
 
 /// [`CLAIM_AND_CREATE`] run by its function (`endpoint_claim_order`, migration V6), whose body
-/// is that statement's text: same parameters with the same types, same result columns, same
-/// locks and errors. Sent only through a transaction pooler ([`claim_and_create`]).
+/// is that statement's text: same parameters with the same types (`$1`-`$16`), same result
+/// columns, same locks and errors. Before it, the function refuses a transaction that is not
+/// READ COMMITTED ([`crate::db::WRONG_ISOLATION`]) and sets `lock_timeout` to `$17`
+/// transaction-locally, so through a transaction pooler this call *is* the owner attempt's
+/// transaction: one statement, implicitly committed ([`crate::claim`]'s module docs). Sent only
+/// through a transaction pooler ([`claim_and_create`]).
 pub const CALL_CLAIM_AND_CREATE: &str = "SELECT * FROM {schema}.endpoint_claim_order(\
-$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
+$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
 
 /// [`CLAIM_REJECTED`] run by its function (`endpoint_claim_rejected`, migration V6), as
-/// [`CALL_CLAIM_AND_CREATE`] runs [`CLAIM_AND_CREATE`].
+/// [`CALL_CLAIM_AND_CREATE`] runs [`CLAIM_AND_CREATE`] (`$9`: the lock timeout).
 pub const CALL_CLAIM_REJECTED: &str =
-    "SELECT * FROM {schema}.endpoint_claim_rejected($1, $2, $3, $4, $5, $6, $7, $8)";
+    "SELECT * FROM {schema}.endpoint_claim_rejected($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// The owner attempt's statement that claims and creates the order, as sent with `pooler`.
 /// See [`through_pooler`] for why a transaction pooler gets the function call.
@@ -225,9 +229,9 @@ fn through_pooler(pooler: Pooler, statement: &'static str, call: &'static str) -
 pub const MAY_EXECUTE_CLAIM_FUNCTIONS: &str = "\
 SELECT current_user::text,
        has_function_privilege('{schema}.endpoint_claim_order(text, text, text, text, bytea, uuid, \
-text, bigint, text, text, text, integer, text, bigint, uuid, jsonb)', 'EXECUTE')
+text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, text)', 'EXECUTE')
        AND has_function_privilege('{schema}.endpoint_claim_rejected(text, text, text, text, \
-bytea, smallint, jsonb, bigint)', 'EXECUTE')";
+bytea, smallint, jsonb, bigint, text)', 'EXECUTE')";
 
 /// The columns both claim statements return, in order.
 pub const CLAIM_RESULT_COLUMNS: [&str; 7] = [
@@ -444,8 +448,10 @@ mod tests {
                 })
                 .max()
         };
-        assert_eq!(highest(CALL_CLAIM_AND_CREATE), highest(CLAIM_AND_CREATE));
-        assert_eq!(highest(CALL_CLAIM_REJECTED), highest(CLAIM_REJECTED));
+        // The statement's parameters, then the lock timeout.
+        let plus_one = |text: &str| highest(text).map(|n| n + 1);
+        assert_eq!(highest(CALL_CLAIM_AND_CREATE), plus_one(CLAIM_AND_CREATE));
+        assert_eq!(highest(CALL_CLAIM_REJECTED), plus_one(CLAIM_REJECTED));
     }
 
     #[test]

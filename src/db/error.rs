@@ -102,6 +102,10 @@ pub enum ErrorClass {
     /// [`LEASE_LOST`]: the cleanup lease's renewal found the lease held by another run
     /// (migration V3's `cleanup_lease_required`); the batch transaction rolled back whole.
     LeaseLost,
+    /// [`WRONG_ISOLATION`]: the endpoint's claim function (migration V6) was called in a
+    /// transaction that is not READ COMMITTED (an implicit transaction under a server default of
+    /// another level); it did nothing. Run it again inside `BEGIN ISOLATION LEVEL READ COMMITTED`.
+    WrongIsolation,
     /// Anything else: a bug or a schema problem, not something to retry blindly.
     Other,
 }
@@ -109,6 +113,9 @@ pub enum ErrorClass {
 /// The SQLSTATE the cleanup lease's renewal raises when this run no longer holds the lease: class
 /// `TS`, tombstoned's own (PostgreSQL uses no class starting with `T`).
 pub const LEASE_LOST: &str = "TS001";
+
+/// The SQLSTATE the endpoint's claim functions (migration V6) raise outside READ COMMITTED.
+pub const WRONG_ISOLATION: &str = "TS005";
 
 /// Classifies a driver error by its SQLSTATE.
 pub fn classify(err: &tokio_postgres::Error) -> ErrorClass {
@@ -144,6 +151,8 @@ pub fn classify(err: &tokio_postgres::Error) -> ErrorClass {
         ErrorClass::InsufficientResources
     } else if code.code() == LEASE_LOST {
         ErrorClass::LeaseLost
+    } else if code.code() == WRONG_ISOLATION {
+        ErrorClass::WrongIsolation
     } else {
         ErrorClass::Other
     }

@@ -20,7 +20,9 @@ pub mod sql;
 pub mod statement;
 pub mod tls;
 
-pub use error::{classify, sqlstate_class, violated_constraint, DbError, ErrorClass, LEASE_LOST};
+pub use error::{
+    classify, sqlstate_class, violated_constraint, DbError, ErrorClass, LEASE_LOST, WRONG_ISOLATION,
+};
 pub use error_text::error_text;
 pub use pooler::Pooler;
 pub use session::Session;

@@ -1,5 +1,6 @@
 //! The pipelined transaction, written once: `BEGIN; <settings>; <statement>; COMMIT` sent
-//! together, one round trip, as the claim, every cleanup batch and every relay statement run it.
+//! together, one round trip, as the claim, every cleanup batch and every relay statement run it
+//! (and [`alone`], the transaction of one statement that sets its own settings).
 //!
 //! tokio-postgres sends a request when its future is first polled, and `join!(biased; ...)`
 //! polls in the order written, so the order on the wire is the order here. Each request carries
@@ -242,6 +243,21 @@ pub async fn query(
     Pipelined::of(&ready)
         .query(conn.client(), settings_params, params)
         .await
+}
+
+/// A transaction of one statement, implicit (no BEGIN or COMMIT: the server commits it when the
+/// statement ends and rolls it back when it fails), for a statement that makes its own
+/// transaction-local settings and checks its own isolation level: the endpoint's claim functions
+/// through a transaction pooler ([`crate::claim`]). Its rows. As with [`query`], a failure counts
+/// as sent: once the statement has gone out, it may have committed.
+pub async fn alone(
+    conn: &Conn<'_>,
+    statement: &'static str,
+    params: &[&dyn Param],
+) -> Result<Vec<Row>, PipelineFailure> {
+    conn.query(statement, params)
+        .await
+        .map_err(PipelineFailure::sent)
 }
 
 /// [`query`], for a statement that returns exactly one row.

@@ -14,20 +14,34 @@ use crate::ops_support::repo_root;
 
 /// The functions' argument lists, as `regprocedure` names them.
 const CLAIM_ORDER: &str = "tombstoned.endpoint_claim_order(text, text, text, text, bytea, uuid, \
-                           text, bigint, text, text, text, integer, text, bigint, uuid, jsonb)";
+                           text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, \
+                           text)";
+/// The first function's name, for calling it.
+const CLAIM_ORDER_NAME: &str = "tombstoned.endpoint_claim_order";
 const CLAIM_REJECTED_FN: &str = "tombstoned.endpoint_claim_rejected(text, text, text, text, \
-                                 bytea, smallint, jsonb, bigint)";
+                                 bytea, smallint, jsonb, bigint, text)";
 
 /// Runs of whitespace as one space: the comparison is of the SQL, not of its layout.
 fn normalised(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// What a function's body must be: `RETURN QUERY` of the constant, its schema prefix left out
+/// What a function's body must be: the READ COMMITTED check, the lock timeout from its last
+/// argument (`$lock_timeout`), then `RETURN QUERY` of the constant, its schema prefix left out
 /// (the function's search_path is pinned to the schema).
-fn body_of(statement: &str) -> String {
+fn body_of(statement: &str, lock_timeout: usize) -> String {
     normalised(&format!(
-        "#variable_conflict use_column\nBEGIN\n    RETURN QUERY\n{};\nEND",
+        "#variable_conflict use_column
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'the endpoint''s claim runs under READ COMMITTED, not %',
+                        current_setting('transaction_isolation')
+            USING ERRCODE = 'TS005';
+    END IF;
+    PERFORM set_config('lock_timeout', ${lock_timeout}, true);
+    RETURN QUERY
+{};
+END",
         statement.replace("{schema}.", "")
     ))
 }
@@ -36,9 +50,9 @@ fn body_of(statement: &str) -> String {
 async fn each_function_body_is_exactly_the_endpoints_statement() {
     let db = TestDb::new().await;
     let admin = db.client().await;
-    for (function, statement) in [
-        (CLAIM_ORDER, CLAIM_AND_CREATE),
-        (CLAIM_REJECTED_FN, CLAIM_REJECTED),
+    for (function, statement, lock_timeout) in [
+        (CLAIM_ORDER, CLAIM_AND_CREATE, 17),
+        (CLAIM_REJECTED_FN, CLAIM_REJECTED, 9),
     ] {
         let source: String = admin
             .query_one(
@@ -50,7 +64,7 @@ async fn each_function_body_is_exactly_the_endpoints_statement() {
             .get(0);
         assert_eq!(
             normalised(&source),
-            body_of(statement),
+            body_of(statement, lock_timeout),
             "{function} drifted from the Rust constant: a changed statement needs a migration \
              that replaces the function"
         );
@@ -193,4 +207,92 @@ async fn serve_through_a_transaction_pooler_refuses_a_role_without_execute_then_
     again.expect(201);
     assert!(again.replayed());
     assert_eq!(again.text, first.text);
+}
+
+/// Through a transaction pooler the owner attempt is the function's call alone, an implicit
+/// transaction that takes the server's default isolation. Under a default of SERIALIZABLE the
+/// function refuses (TS005, nothing written) instead of claiming under another level than the
+/// protocol's, and the daemon's claim runs the same call again inside `BEGIN ISOLATION LEVEL
+/// READ COMMITTED ... COMMIT`: the claim and its replay still answer as they must.
+#[tokio::test]
+async fn under_another_default_isolation_the_claim_still_runs_read_committed() {
+    use std::time::Duration;
+    use tombstoned::claim::{self, ClaimOutcome, ClaimRequest, ClaimSettings, Decision};
+    use tombstoned::fingerprint::Fingerprint;
+    use tombstoned::money::Currency;
+    use tombstoned::order_request::OrderRequest;
+
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET default_transaction_isolation = 'serializable'",
+            db.name
+        ))
+        .await
+        .unwrap();
+
+    // The function alone, in an implicit SERIALIZABLE transaction: refused, nothing written.
+    let session = db.client().await;
+    let refused = session
+        .query(
+            &format!(
+                "SELECT * FROM {CLAIM_ORDER_NAME}('t', 'p', 'create-order', 'k', \
+                 '\\x{fp}'::bytea, gen_random_uuid(), 'r', 100, '1.00', 'CNY', 'book', 1, 'x', \
+                 3600000000, gen_random_uuid(), NULL, '2000ms')",
+                fp = "00".repeat(32)
+            ),
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code()),
+        Some(tombstoned::db::WRONG_ISOLATION),
+        "{refused}"
+    );
+
+    // The daemon's claim through the transaction-pooler path, on sessions opened after the change.
+    let config = db.config_with(&[("TOMBSTONED_DATABASE__POOLER", "transaction")]);
+    let pool = tombstoned::db::pool(&config.database, "api", 2, Duration::from_secs(10)).unwrap();
+    let order = OrderRequest {
+        request_id: "req-serializable".to_owned(),
+        amount_minor: 100,
+        currency: Currency::parse("CNY").unwrap(),
+        item: "book".to_owned(),
+        quantity: 1,
+        recipient: "Li Wei".to_owned(),
+        metadata: None,
+    };
+    let request = ClaimRequest {
+        tenant: "acme".to_owned(),
+        principal: "alice".to_owned(),
+        key: "key-serializable".to_owned(),
+        fingerprint: Fingerprint::of(&order, "2024-06-01").unwrap(),
+        order,
+        decision: Decision::Create,
+    };
+    let settings = ClaimSettings {
+        lock_timeout: Duration::from_secs(2),
+        replay_window: Duration::from_secs(3600),
+    };
+    let first = claim::claim(&pool, &config.database, &settings, &request)
+        .await
+        .unwrap();
+    let ClaimOutcome::Created { body, .. } = first else {
+        panic!("{first:?}");
+    };
+    let again = claim::claim(&pool, &config.database, &settings, &request)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&again, ClaimOutcome::Replayed { body: replayed, .. } if *replayed == body),
+        "{again:?}"
+    );
+    let orders: i64 = admin
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(orders, 1);
 }
