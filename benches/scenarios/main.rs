@@ -16,7 +16,10 @@
 //! 8. the SQL API's claim and replay vs the endpoint's fused statement, raw through pgbench
 //!    (`sql_api.rs`),
 //! 9. the forever table from 1 M to 50 M keys: claim/replay latency, the cleaner's cost per row,
-//!    sizes and VACUUM time as one table grows, drawn as an SVG (`forever.rs`, `svg.rs`).
+//!    sizes and VACUUM time as one table grows, drawn as an SVG (`forever.rs`, `svg.rs`),
+//! 10. the daemon against the floor of its stack: a minimal hyper + tokio-postgres server sending
+//!     the same statements (`floor.rs`), CPU per request side by side, and per-request profiles
+//!     of both — instructions, allocations, syscalls, wake-ups (`stack_floor.rs`, `profile.rs`).
 //!
 //! It uses the release-profile `tombstoned` binary cargo builds for it (`CARGO_BIN_EXE_…`), starts
 //! a throwaway PostgreSQL with the settings in [`server::SETTINGS`] (or uses `--database-url`),
@@ -26,14 +29,17 @@ mod api_limit;
 mod cleanup;
 mod cpu;
 mod daemon;
+mod floor;
 mod forever;
 mod http_load;
 mod pgbench;
+mod profile;
 mod replays;
 mod report;
 mod seed;
 mod server;
 mod sql_api;
+mod stack_floor;
 mod stats;
 mod storage;
 mod svg;
@@ -57,9 +63,9 @@ struct Args {
     /// Small scale, one repetition, targets reported but not gated (CI smoke test).
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (1-9), e.g. `--only 1` or `--only 1,3` (default: 1-8, and 9 with
-    /// --quick; scenario 9 at full scale grows a table to 50 M keys, so it runs when named).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=9))]
+    /// Run only these scenarios (1-10), e.g. `--only 1` or `--only 1,3` (default: 1-8 and 10, and
+    /// 9 with --quick; scenario 9 at full scale grows a table to 50 M keys, so it runs when named).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=10))]
     only: Vec<u8>,
     /// Repetitions per measurement (default 3, or 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
@@ -97,6 +103,9 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_name = "KEYS",
           value_parser = clap::value_parser!(i64).range(100_000..=1_000_000_000))]
     scale_keys: Vec<i64>,
+    /// Scenario 10 without its profiles (they need valgrind and strace).
+    #[arg(long)]
+    no_profiles: bool,
     /// Rewrite bench/pgbench/*.sql from `tombstoned::claim::sql` and exit.
     #[arg(long)]
     write_pgbench_scripts: bool,
@@ -137,6 +146,10 @@ pub struct Scale {
     pub s9_claims: u64,
     /// Scenario 9: measured replay window per repetition, seconds (at [`Scale::s3_rate`]).
     pub s9_replay_seconds: u64,
+    /// Scenario 10: sequential requests per profile (the same count for every server).
+    pub s10_profile_requests: u64,
+    /// Scenario 10: sequential requests before each profile's measured ones.
+    pub s10_profile_warmup: u64,
     /// Repetitions.
     pub reps: usize,
     /// Whether this is the quick (CI) scale.
@@ -170,6 +183,8 @@ impl Scale {
                 s9_keys: vec![1_000_000],
                 s9_claims: 1_000,
                 s9_replay_seconds: 3,
+                s10_profile_requests: 100,
+                s10_profile_warmup: 20,
                 reps,
                 quick,
             }
@@ -189,6 +204,8 @@ impl Scale {
                 s9_keys: vec![1_000_000, 10_000_000, 50_000_000],
                 s9_claims: 5_000,
                 s9_replay_seconds: 10,
+                s10_profile_requests: 1_000,
+                s10_profile_warmup: 100,
                 reps,
                 quick,
             }
@@ -211,6 +228,8 @@ pub struct Bench {
     pub daemon_env: Vec<(String, String)>,
     /// `--baseline-binary`.
     pub baseline_binary: Option<PathBuf>,
+    /// Scenario 10's profiles (not `--no-profiles`).
+    pub profiles: bool,
     /// Repository root (for bench/pgbench).
     pub root: PathBuf,
     templates: std::collections::HashMap<&'static str, String>,
@@ -414,6 +433,13 @@ pub fn loadavg() -> String {
 }
 
 fn main() -> std::process::ExitCode {
+    // Scenario 10 re-executes this binary as its floor server (`floor.rs`).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == floor::SERVE_FLAG)
+    {
+        return floor::serve_main();
+    }
     let args = Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -454,9 +480,9 @@ async fn run(args: Args) -> Result<()> {
     // Scenario 9 at full scale grows a table to 50 M keys (~40 min, ~20 GB of disk): it runs by
     // default at the quick scale only (its 1 M point), at full scale when named (`--only 9`).
     let only: Vec<u8> = if args.only.is_empty() && scale.quick {
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     } else if args.only.is_empty() {
-        vec![1, 2, 3, 4, 5, 6, 7, 8]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 10]
     } else {
         args.only.clone()
     };
@@ -500,6 +526,7 @@ async fn run(args: Args) -> Result<()> {
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
         baseline_binary: args.baseline_binary.clone(),
+        profiles: !args.no_profiles,
         root: root.clone(),
         templates: Default::default(),
         seeds: Vec::new(),
@@ -522,6 +549,7 @@ async fn run(args: Args) -> Result<()> {
                 7 => workers::scenario7(&mut bench).await?,
                 8 => sql_api::scenario8(&mut bench).await?,
                 9 => forever::scenario9(&mut bench).await?,
+                10 => stack_floor::scenario10(&mut bench).await?,
                 _ => bail!("no scenario {id}"),
             };
             result.seconds = t.elapsed().as_secs_f64();
