@@ -38,9 +38,9 @@ const METADATA: &str = r#"{"channel":"bench"}"#;
 /// How long exited backends take to be reaped (CPU accounting).
 const SETTLE: Duration = Duration::from_millis(1000);
 /// `api.claim_lock_timeout` (default) as the API sends it.
-const LOCK_TIMEOUT: &str = "2000ms";
+pub const LOCK_TIMEOUT: &str = "2000ms";
 /// `retention.replay_window` (default 24 h) in microseconds, as the API sends it.
-const WINDOW_US: &str = "86400000000";
+pub const WINDOW_US: &str = "86400000000";
 
 /// Claims or replays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

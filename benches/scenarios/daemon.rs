@@ -2,11 +2,12 @@
 //! environment (no configuration file), with the benchmark's tokens, its scheduler off (the
 //! scenarios start cleanup runs themselves), and rate limits out of the way.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::http_load::Conn;
 use crate::Bench;
@@ -46,6 +47,9 @@ impl Memory {
     }
 }
 
+/// How long a daemon may take to answer `/readyz` after it was started.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
 fn free_port() -> Result<u16> {
     Ok(tombstoned::pg_cluster::free_loopback_port()?)
 }
@@ -54,7 +58,15 @@ impl Daemon {
     /// Starts `tombstoned serve` on database `db` with a pool of `pool_size` connections and
     /// waits until `/readyz` answers 200.
     pub async fn start(bench: &Bench, db: &str, pool_size: usize) -> Result<Daemon> {
-        Self::start_on(bench, &bench.server.url(db), pool_size, &[]).await
+        Self::start_with(
+            bench,
+            &bench.server.url(db),
+            pool_size,
+            &[],
+            &[],
+            READY_WITHIN,
+        )
+        .await
     }
 
     /// [`Daemon::start`] on `database_url` (e.g. through a pooler) with `env` on top of the
@@ -65,12 +77,37 @@ impl Daemon {
         pool_size: usize,
         env: &[(&str, &str)],
     ) -> Result<Daemon> {
+        Self::start_with(bench, database_url, pool_size, env, &[], READY_WITHIN).await
+    }
+
+    /// [`Daemon::start`] under `wrapper` (a command and its arguments, e.g. valgrind; none when
+    /// empty), ready within `ready_within`. Under valgrind the pid is still the daemon's: the
+    /// launcher execs the tool, which runs the program in its own process.
+    pub async fn start_wrapped(
+        bench: &Bench,
+        db: &str,
+        pool_size: usize,
+        wrapper: &[OsString],
+        ready_within: Duration,
+    ) -> Result<Daemon> {
+        let url = bench.server.url(db);
+        Self::start_with(bench, &url, pool_size, &[], wrapper, ready_within).await
+    }
+
+    async fn start_with(
+        bench: &Bench,
+        database_url: &str,
+        pool_size: usize,
+        env: &[(&str, &str)],
+        wrapper: &[OsString],
+        ready_within: Duration,
+    ) -> Result<Daemon> {
         let dir = tempfile::tempdir()?;
         let tokens = dir.path().join("tokens.toml");
         std::fs::write(&tokens, crate::seed::tokens_file())?;
         let api: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let mut command = Command::new(&bench.binary);
+        let mut command = crate::floor::wrapped(wrapper, &bench.binary);
         command
             .arg("serve")
             .env_clear()
@@ -99,11 +136,11 @@ impl Daemon {
             pid,
             _dir: dir,
         };
-        daemon.wait_ready().await?;
+        daemon.wait_ready(ready_within).await?;
         Ok(daemon)
     }
 
-    async fn wait_ready(&mut self) -> Result<()> {
+    async fn wait_ready(&mut self, within: Duration) -> Result<()> {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -116,8 +153,8 @@ impl Daemon {
                     }
                 }
             }
-            if started.elapsed() > Duration::from_secs(30) {
-                bail!("tombstoned serve did not become ready within 30 s");
+            if started.elapsed() > within {
+                bail!("tombstoned serve did not become ready within {within:?}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -142,14 +179,14 @@ impl Daemon {
     }
 
     /// SIGTERM, then waits for a graceful exit.
-    pub async fn stop(mut self) -> Result<()> {
-        if let Ok(pid) = i32::try_from(self.pid) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        match tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await {
+    pub async fn stop(self) -> Result<()> {
+        self.stop_within(Duration::from_secs(20)).await
+    }
+
+    /// [`Daemon::stop`], waiting at most `within` (longer under valgrind).
+    pub async fn stop_within(mut self, within: Duration) -> Result<()> {
+        terminate(self.pid);
+        match tokio::time::timeout(within, self.child.wait()).await {
             Ok(status) => {
                 let status = status?;
                 if !status.success() {
@@ -159,8 +196,18 @@ impl Daemon {
             }
             Err(_) => {
                 let _ = self.child.kill().await;
-                bail!("tombstoned serve did not stop within 20 s of SIGTERM")
+                bail!("tombstoned serve did not stop within {within:?} of SIGTERM")
             }
         }
+    }
+}
+
+/// Sends SIGTERM to `pid` (a child this benchmark started).
+pub fn terminate(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
     }
 }

@@ -271,6 +271,31 @@ pub async fn closed_loop(
     Ok(tally.finish(duration.as_secs_f64()))
 }
 
+/// `count` requests, one after the other on one connection (the profiles' fixed amount of work:
+/// the same count gives the same instruction count however busy the machine is), each from
+/// `make(0, rng)` (client 0).
+pub async fn sequential(addr: SocketAddr, count: u64, make: Make) -> Result<LoadResult> {
+    let mut conn = Conn::connect(addr).await?;
+    let mut rng = Rng::new(0x5E9_0E47);
+    let mut tally = Tally::default();
+    let start = Instant::now();
+    for _ in 0..count {
+        let t0 = Instant::now();
+        let (request, expect, class) = make(0, &mut rng);
+        let outcome = exchange(&mut conn, request, &expect).await;
+        let broken = outcome.is_err();
+        tally.record(
+            class,
+            t0.elapsed().as_micros() as u64,
+            outcome.unwrap_or_else(Some),
+        );
+        if broken {
+            conn = Conn::connect(addr).await?;
+        }
+    }
+    Ok(tally.finish(start.elapsed().as_secs_f64()))
+}
+
 /// `rate` requests per second for `duration`, on a schedule. Request `k` is `make(k, rng)`.
 /// Connections come from a small pool that grows when every connection is busy.
 pub async fn open_loop(

@@ -17,6 +17,9 @@
 //!    (`sql_api.rs`),
 //! 9. the forever table from 1 M to 50 M keys: claim/replay latency, the cleaner's cost per row,
 //!    sizes and VACUUM time as one table grows, drawn as an SVG (`forever.rs`, `svg.rs`),
+//! 10. the daemon against the floor of its stack: a minimal hyper + tokio-postgres server sending
+//!     the same statements (`floor.rs`), CPU per request side by side, and per-request profiles
+//!     of both — instructions, allocations, syscalls, wake-ups (`stack_floor.rs`, `profile.rs`),
 //! 11. claims and replays through PgBouncer in transaction mode vs a direct connection with
 //!     prepared statements (`pooler.rs`).
 //!
@@ -28,15 +31,18 @@ mod api_limit;
 mod cleanup;
 mod cpu;
 mod daemon;
+mod floor;
 mod forever;
 mod http_load;
 mod pgbench;
 mod pooler;
+mod profile;
 mod replays;
 mod report;
 mod seed;
 mod server;
 mod sql_api;
+mod stack_floor;
 mod stats;
 mod storage;
 mod svg;
@@ -60,7 +66,7 @@ struct Args {
     /// Small scale, one repetition, targets reported but not gated (CI smoke test).
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (1-9, 11), e.g. `--only 1` or `--only 1,3` (default: 1-8 and 11,
+    /// Run only these scenarios (1-11), e.g. `--only 1` or `--only 1,3` (default: 1-8, 10 and 11,
     /// and 9 with --quick; scenario 9 at full scale grows a table to 50 M keys, so it runs when
     /// named).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=11))]
@@ -101,6 +107,9 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_name = "KEYS",
           value_parser = clap::value_parser!(i64).range(100_000..=1_000_000_000))]
     scale_keys: Vec<i64>,
+    /// Scenario 10 without its profiles (they need valgrind and strace).
+    #[arg(long)]
+    no_profiles: bool,
     /// Rewrite bench/pgbench/*.sql from `tombstoned::claim::sql` and exit.
     #[arg(long)]
     write_pgbench_scripts: bool,
@@ -141,6 +150,10 @@ pub struct Scale {
     pub s9_claims: u64,
     /// Scenario 9: measured replay window per repetition, seconds (at [`Scale::s3_rate`]).
     pub s9_replay_seconds: u64,
+    /// Scenario 10: sequential requests per profile (the same count for every server).
+    pub s10_profile_requests: u64,
+    /// Scenario 10: sequential requests before each profile's measured ones.
+    pub s10_profile_warmup: u64,
     /// Repetitions.
     pub reps: usize,
     /// Whether this is the quick (CI) scale.
@@ -174,6 +187,8 @@ impl Scale {
                 s9_keys: vec![1_000_000],
                 s9_claims: 1_000,
                 s9_replay_seconds: 3,
+                s10_profile_requests: 100,
+                s10_profile_warmup: 20,
                 reps,
                 quick,
             }
@@ -193,6 +208,8 @@ impl Scale {
                 s9_keys: vec![1_000_000, 10_000_000, 50_000_000],
                 s9_claims: 5_000,
                 s9_replay_seconds: 10,
+                s10_profile_requests: 1_000,
+                s10_profile_warmup: 100,
                 reps,
                 quick,
             }
@@ -215,6 +232,8 @@ pub struct Bench {
     pub daemon_env: Vec<(String, String)>,
     /// `--baseline-binary`.
     pub baseline_binary: Option<PathBuf>,
+    /// Scenario 10's profiles (not `--no-profiles`).
+    pub profiles: bool,
     /// Repository root (for bench/pgbench).
     pub root: PathBuf,
     templates: std::collections::HashMap<&'static str, String>,
@@ -418,6 +437,13 @@ pub fn loadavg() -> String {
 }
 
 fn main() -> std::process::ExitCode {
+    // Scenario 10 re-executes this binary as its floor server (`floor.rs`).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == floor::SERVE_FLAG)
+    {
+        return floor::serve_main();
+    }
     let args = Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -458,9 +484,9 @@ async fn run(args: Args) -> Result<()> {
     // Scenario 9 at full scale grows a table to 50 M keys (~40 min, ~20 GB of disk): it runs by
     // default at the quick scale only (its 1 M point), at full scale when named (`--only 9`).
     let only: Vec<u8> = if args.only.is_empty() && scale.quick {
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 11]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     } else if args.only.is_empty() {
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 11]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 10, 11]
     } else {
         args.only.clone()
     };
@@ -504,6 +530,7 @@ async fn run(args: Args) -> Result<()> {
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
         baseline_binary: args.baseline_binary.clone(),
+        profiles: !args.no_profiles,
         root: root.clone(),
         templates: Default::default(),
         seeds: Vec::new(),
@@ -526,6 +553,7 @@ async fn run(args: Args) -> Result<()> {
                 7 => workers::scenario7(&mut bench).await?,
                 8 => sql_api::scenario8(&mut bench).await?,
                 9 => forever::scenario9(&mut bench).await?,
+                10 => stack_floor::scenario10(&mut bench).await?,
                 11 => pooler::scenario11(&mut bench).await?,
                 _ => bail!("no scenario {id}"),
             };
