@@ -438,8 +438,8 @@ pub fn pgbench_args(
     }
 }
 
-/// The API side: client `c` claims as principal `c % 16` (as pgbench's client `c` does), or
-/// replays a random record of the replay set (principal 0; pgbench replays its twin).
+/// The API side (scenario 8's too): client `c` claims as principal `c % 16` (as pgbench's client
+/// `c` does), or replays a random record of the replay set (principal 0; pgbench replays its twin).
 pub fn requests(bench: &Bench, workload: Workload) -> Make {
     match workload {
         Workload::Claims => Arc::new(|c, _rng| {

@@ -13,8 +13,9 @@
 //! 5. storage per key and WAL per tombstoned row,
 //! 6. cleanup throughput on a second cluster with initdb's default settings (300,000 records),
 //! 7. parallel cleanup (`cleanup.workers = 2`) vs one and two single UPDATEs (`workers.rs`),
-//! 8. the SQL API's claim and replay vs the endpoint's fused statement, raw through pgbench
-//!    (`sql_api.rs`),
+//! 8. the SQL API's claim and replay vs the endpoint's fused statement, raw through pgbench and
+//!    through an endpoint over HTTP (`sql_api.rs`; the SQL-API endpoint is the Rust payments
+//!    example, `payments.rs`, run as this binary re-executed with `--serve-payments`),
 //! 9. the forever table from 1 M to 50 M keys: claim/replay latency, the cleaner's cost per row,
 //!    sizes and VACUUM time as one table grows, drawn as an SVG (`forever.rs`, `svg.rs`),
 //! 10. the daemon against the floor of its stack: a minimal hyper + tokio-postgres server sending
@@ -34,6 +35,7 @@ mod daemon;
 mod floor;
 mod forever;
 mod http_load;
+mod payments;
 mod pgbench;
 mod pooler;
 mod profile;
@@ -75,7 +77,8 @@ struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
     reps: Option<u32>,
     /// Use this server instead of a throwaway cluster (its role must be able to create
-    /// databases; its settings are reported, not changed).
+    /// databases, and roles for scenario 8's payments service; its settings are reported, not
+    /// changed).
     #[arg(long, value_name = "URL")]
     database_url: Option<String>,
     /// Where to write the JSON results.
@@ -113,6 +116,17 @@ struct Args {
     /// Rewrite bench/pgbench/*.sql from `tombstoned::claim::sql` and exit.
     #[arg(long)]
     write_pgbench_scripts: bool,
+    /// Scenario 8's SQL-API endpoint: serve the Rust payments example on `--listen` with
+    /// `--database-url` (its own role) and a pool of `--pool-size`, until killed. The benchmark
+    /// starts itself this way, so that service is a process of its own.
+    #[arg(long, hide = true, requires_all = ["listen", "database_url", "pool_size"])]
+    serve_payments: bool,
+    /// With `--serve-payments`: the address to listen on.
+    #[arg(long, hide = true, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// With `--serve-payments`: the pool's size.
+    #[arg(long, hide = true, value_name = "N")]
+    pool_size: Option<usize>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -445,6 +459,20 @@ fn main() -> std::process::ExitCode {
         return floor::serve_main();
     }
     let args = Args::parse();
+    if let (true, Some(listen), Some(url), Some(pool_size)) = (
+        args.serve_payments,
+        args.listen,
+        args.database_url.as_deref(),
+        args.pool_size,
+    ) {
+        return match payments::serve(listen, url, pool_size) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("scenarios --serve-payments: error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -183,6 +183,13 @@ impl Server {
         tombstoned_testkit::cluster::conninfo_for_database(&self.admin, dbname)
     }
 
+    /// [`Server::url`] for another role (scenario 8's payments service logs in as its own).
+    pub fn url_as(&self, dbname: &str, user: &str, password: &str) -> String {
+        let mut config = self.admin.clone();
+        config.user(user).password(password);
+        tombstoned_testkit::cluster::conninfo_for_database(&config, dbname)
+    }
+
     /// A session on the maintenance database.
     pub async fn admin(&self) -> Result<Client> {
         connect(&self.admin).await
