@@ -384,9 +384,11 @@ async fn transaction(
         .start()
         .await
         .map_err(work)?;
+    // Every statement prepared once per pooled session (deadpool's statement cache): a text query
+    // is parsed, planned and described by the server at every call, one more round trip each.
     let row = tx
         .query_one(
-            CLAIM,
+            &tx.prepare_cached(CLAIM).await.map_err(work)?,
             &[
                 tenant,
                 principal,
@@ -408,7 +410,7 @@ async fn transaction(
     if claimed.outcome == "owner" {
         let payment = tx
             .query_one(
-                INSERT_PAYMENT,
+                &tx.prepare_cached(INSERT_PAYMENT).await.map_err(work)?,
                 &[
                     tenant,
                     principal,
@@ -422,12 +424,13 @@ async fn transaction(
             .map_err(work)?;
         let payment_id: String = payment.try_get(0).map_err(work)?;
         let created: String = payment.try_get(1).map_err(work)?;
-        tx.query_one(ENQUEUE, &[tenant, &payment_id, &created])
+        let enqueue = tx.prepare_cached(ENQUEUE).await.map_err(work)?;
+        tx.query_one(&enqueue, &[tenant, &payment_id, &created])
             .await
             .map_err(work)?;
         let completed = tx
             .query_one(
-                COMPLETE,
+                &tx.prepare_cached(COMPLETE).await.map_err(work)?,
                 &[tenant, principal, &OPERATION, &key, &created, &payment_id],
             )
             .await
