@@ -331,6 +331,19 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// The runtime of `cleanup`: one thread. A run is a chain of round trips, each batch sent when
+/// the previous one's answer is in, and its workers are futures of one task: nothing runs in
+/// parallel on the client. On one thread the answer wakes the engine on the thread that read it
+/// (one wake-up per batch; the worker-thread runtime hopped between threads, ~14 context
+/// switches per batch, each one a scheduling delay on the critical path of a loaded machine),
+/// and no worker threads are started.
+fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
 /// Runs one parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     let mut overrides = Vec::new();
@@ -369,7 +382,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     match cli.command {
         Command::CheckConfig => check_config::run(&config),
         Command::Migrate(args) => runtime()?.block_on(migrate::run(&config, args)),
-        Command::Cleanup(args) => runtime()?.block_on(cleanup::run(&config, &args)),
+        Command::Cleanup(args) => single_thread_runtime()?.block_on(cleanup::run(&config, &args)),
         Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
         Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
         Command::Status(args) => runtime()?.block_on(status::run(&config, &args)),
