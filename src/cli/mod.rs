@@ -314,13 +314,22 @@ async fn require_current_schema(
     purpose: &'static str,
     context: &'static str,
 ) -> anyhow::Result<()> {
+    connect_current(db, purpose, context).await.map(drop)
+}
+
+/// [`require_current_schema`], keeping the session it checked on for the command's work.
+async fn connect_current(
+    db: &crate::config::DatabaseConfig,
+    purpose: &'static str,
+    context: &'static str,
+) -> anyhow::Result<db::Session> {
     let session = db::connect(db, purpose).await.context(context)?;
     let status = migrations::status(&session.conn(), None)
         .await
         .context(context)?;
     match status.problem() {
         Some(problem) => Err(migrations::SchemaNotCurrent(problem).into()),
-        None => Ok(()),
+        None => Ok(session),
     }
 }
 
