@@ -100,6 +100,30 @@ pub struct Trial {
     pub copy_seconds: f64,
     /// The busiest statements of the trial (pg_stat_statements).
     pub statements: Vec<StatementStats>,
+    /// Every statement of the trial added up (pg_stat_statements).
+    pub totals: Option<StatementTotals>,
+}
+
+/// All of a trial's statements added up, from pg_stat_statements.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StatementTotals {
+    /// Shared buffers hit.
+    pub shared_hit: i64,
+    /// Shared buffers read (not in shared buffers: from the OS cache or the disk).
+    pub shared_read: i64,
+    /// Shared buffers dirtied.
+    pub shared_dirtied: i64,
+    /// Shared buffers written by the statements themselves (evicting dirty pages).
+    pub shared_written: i64,
+    /// WAL bytes.
+    pub wal_bytes: i64,
+}
+
+impl StatementTotals {
+    /// Buffer accesses (hit + read).
+    pub fn touched(&self) -> i64 {
+        self.shared_hit + self.shared_read
+    }
 }
 
 /// One statement's figures from pg_stat_statements.
@@ -188,6 +212,7 @@ pub async fn trial(
     t.copy_seconds = copy_seconds;
     if stats {
         t.statements = statement_stats(&admin, &db).await?;
+        t.totals = Some(statement_totals(&admin, &db).await?);
     }
     if !keep {
         bench.server.drop_db(&db).await?;
@@ -231,6 +256,7 @@ fn empty_trial(approach: Approach) -> Trial {
         checkpoints: 0,
         copy_seconds: 0.0,
         statements: Vec::new(),
+        totals: None,
     }
 }
 
@@ -435,6 +461,27 @@ pub async fn statement_stats(admin: &Client, db: &str) -> Result<Vec<StatementSt
             wal_bytes: r.get(10),
         })
         .collect())
+}
+
+async fn statement_totals(admin: &Client, db: &str) -> Result<StatementTotals> {
+    let r = admin
+        .query_one(
+            "SELECT coalesce(sum(shared_blks_hit), 0)::bigint, coalesce(sum(shared_blks_read), 0)::bigint,
+                    coalesce(sum(shared_blks_dirtied), 0)::bigint,
+                    coalesce(sum(shared_blks_written), 0)::bigint,
+                    coalesce(sum(wal_bytes), 0)::bigint
+             FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)",
+            &[&db],
+        )
+        .await?;
+    Ok(StatementTotals {
+        shared_hit: r.get(0),
+        shared_read: r.get(1),
+        shared_dirtied: r.get(2),
+        shared_written: r.get(3),
+        wal_bytes: r.get(4),
+    })
 }
 
 fn values(trials: &[Trial], approach: Approach, f: impl Fn(&Trial) -> f64) -> Vec<f64> {
@@ -736,6 +783,13 @@ pub struct BatchPlan {
     pub total: Buffers,
     /// The pick (the `picked` CTE: the due-index scan).
     pub pick: Buffers,
+    /// The UPDATE (the `changed` CTE, the pick's materialised rows included when it reads them
+    /// first).
+    pub update: Buffers,
+    /// WAL records, full-page images and bytes of the whole statement.
+    pub wal_records: i64,
+    pub wal_fpi: i64,
+    pub wal_bytes: i64,
     /// Execution ms.
     pub execution_ms: f64,
     /// Planning ms.
@@ -753,7 +807,7 @@ fn find_node<'a>(node: &'a Value, subplan: &str) -> Option<&'a Value> {
 }
 
 /// Runs the engine's own batch statement ([`engine_sql::TOMBSTONE_BATCH`], with its
-/// [`engine_sql::BATCH_SETTINGS`]) under `EXPLAIN (ANALYZE, BUFFERS)` in a transaction that is
+/// [`engine_sql::BATCH_SETTINGS`]) under `EXPLAIN (ANALYZE, BUFFERS, WAL)` in a transaction that is
 /// rolled back, twice.
 pub async fn explain_batch(client: &Client, batch: i64) -> Result<Vec<BatchPlan>> {
     let mut plans = Vec::new();
@@ -769,7 +823,7 @@ pub async fn explain_batch(client: &Client, batch: i64) -> Result<Vec<BatchPlan>
         let row = client
             .query_one(
                 &format!(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+                    "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) {}",
                     tombstoned::db::sql::qualify(engine_sql::TOMBSTONE_BATCH, "tombstoned")
                 ),
                 &[&cutoff, &no_cursor, &cutoff, &batch],
@@ -785,6 +839,12 @@ pub async fn explain_batch(client: &Client, batch: i64) -> Result<Vec<BatchPlan>
             pick: find_node(root, "CTE picked")
                 .map(Buffers::of)
                 .unwrap_or_default(),
+            update: find_node(root, "CTE changed")
+                .map(Buffers::of)
+                .unwrap_or_default(),
+            wal_records: root["WAL Records"].as_i64().unwrap_or(0),
+            wal_fpi: root["WAL FPI"].as_i64().unwrap_or(0),
+            wal_bytes: root["WAL Bytes"].as_i64().unwrap_or(0),
             execution_ms: top["Execution Time"].as_f64().unwrap_or(0.0),
             planning_ms: top["Planning Time"].as_f64().unwrap_or(0.0),
         });
@@ -1000,7 +1060,9 @@ pub async fn scenario2(bench: &mut Bench) -> Result<ScenarioResult> {
 /// Scenario 6: scenario 1's (a) against (b) on a second throwaway cluster with initdb's default
 /// settings ([`crate::server::DEFAULT_SCALE_SETTINGS`]: 128 MB of shared buffers, 1 GB
 /// `max_wal_size`, durable), 300,000 records of which half are due — where a batch's fixed cost
-/// weighs more and checkpoints start inside a run. Alternates the two approaches like scenario 1.
+/// weighs more and checkpoints start inside a run. Alternates the two approaches like scenario 1,
+/// on two layouts side by side: scenario 1's (UUID keys, 16 principals) and issue 28's variant
+/// ("s6m": `md5(i)` keys over 10 tenants × 1,000 principals).
 pub async fn scenario6(bench: &mut Bench) -> Result<ScenarioResult> {
     if !bench.server.is_throwaway() {
         bail!("scenario 6 starts its own default-settings cluster: run it without --database-url");
@@ -1011,41 +1073,133 @@ pub async fn scenario6(bench: &mut Bench) -> Result<ScenarioResult> {
     let outcome = scenario6_on(bench).await;
     let defaults = std::mem::replace(&mut bench.server, tuned);
     bench.templates.remove("s6");
+    bench.templates.remove("s6m");
     defaults.drop_all().await;
     outcome
 }
 
+/// One data layout of scenario 6.
+struct Layout6 {
+    template: &'static str,
+    /// The rows' label prefix.
+    prefix: &'static str,
+    /// The rows/s target against the single UPDATE.
+    min_ratio: f64,
+}
+
+const LAYOUTS6: [Layout6; 2] = [
+    Layout6 {
+        template: "s6",
+        prefix: "default settings: ",
+        min_ratio: 1.0,
+    },
+    // Issue 28, target 6.
+    Layout6 {
+        template: "s6m",
+        prefix: "default settings, md5 keys / 10,000 scopes: ",
+        min_ratio: 0.95,
+    },
+];
+
+/// The single UPDATE's plan on `db` (plain `EXPLAIN`): the scan node under the ModifyTable.
+async fn single_update_scan(client: &Client) -> Result<String> {
+    let cutoff = cutoff(client).await?;
+    let row = client
+        .query_one(
+            &format!("EXPLAIN (FORMAT JSON) {SINGLE_UPDATE}"),
+            &[&cutoff],
+        )
+        .await?;
+    let plan: Value = row.get(0);
+    let scan = &plan[0]["Plan"]["Plans"][0];
+    Ok(format!(
+        "{}{}",
+        scan["Node Type"].as_str().unwrap_or("?"),
+        scan["Index Name"]
+            .as_str()
+            .map(|i| format!(" using {i}"))
+            .unwrap_or_default()
+    ))
+}
+
 async fn scenario6_on(bench: &mut Bench) -> Result<ScenarioResult> {
-    let template = bench.template("s6").await?;
+    let mut templates = Vec::new();
+    for layout in &LAYOUTS6 {
+        templates.push(bench.template(layout.template).await?);
+    }
     let settings = bench.server.non_default_settings().await?;
+    // Each layout's table and the single UPDATE's plan there, and one batch under EXPLAIN
+    // (ANALYZE, BUFFERS, WAL), each on a fresh copy.
+    let mut facts = Vec::new();
+    let mut scans = Vec::new();
+    let mut plans = Vec::new();
+    for (layout, template) in LAYOUTS6.iter().zip(&templates) {
+        let db = bench
+            .server
+            .db_name(&format!("explain_{}", layout.template));
+        bench.server.copy_db(template, &db).await?;
+        let client = bench.server.connect(&db).await?;
+        facts.push(table_facts(&client, &db).await?);
+        scans.push(single_update_scan(&client).await?);
+        plans.push(explain_batch(&client, i64::from(DEFAULT_BATCH)).await?);
+        drop(client);
+        bench.server.drop_db(&db).await?;
+    }
     let order = [Approach::Tombstoned, Approach::SingleUpdate];
-    let mut trials = Vec::new();
+    let mut trials: Vec<Vec<Trial>> = vec![Vec::new(); LAYOUTS6.len()];
     for rep in 0..bench.scale.reps {
-        for k in 0..order.len() {
-            trials.push(trial(bench, &template, order[(rep + k) % order.len()], rep, false).await?);
+        for (l, template) in templates.iter().enumerate() {
+            for k in 0..order.len() {
+                let approach = order[(rep + k + l) % order.len()];
+                trials[l].push(trial(bench, template, approach, rep, false).await?);
+            }
         }
     }
     let quick = bench.scale.quick;
-    let versus = VersusUpdate::of(&trials);
-    let checkpoints_of =
-        |approach| range(&values(&trials, approach, |t| t.checkpoints as f64), 0, "");
     let records = bench.scale.s6_records;
     let mut checks = Vec::new();
-    let [throughput, lock_hold] = versus.rows(
-        6,
-        "default settings: ",
-        &format!("{} due of {records}", records / 2),
-        1.0,
-        &mut checks,
-        quick,
-    );
-    let rows = vec![
-        throughput,
-        lock_hold,
-        Row {
+    let mut rows = Vec::new();
+    let mut details = Vec::new();
+    for (((layout, trials), facts), (scan, plans)) in LAYOUTS6
+        .iter()
+        .zip(&trials)
+        .zip(&facts)
+        .zip(scans.iter().zip(&plans))
+    {
+        let versus = VersusUpdate::of(trials);
+        let checkpoints_of =
+            |approach| range(&values(trials, approach, |t| t.checkpoints as f64), 0, "");
+        let [throughput, lock_hold] = versus.rows(
+            6,
+            layout.prefix,
+            &format!(
+                "{} due of {records}, {} MB ((b) plan: {scan})",
+                records / 2,
+                facts.total_bytes >> 20
+            ),
+            layout.min_ratio,
+            &mut checks,
+            quick,
+        );
+        let per_row = |approach, f: fn(&StatementTotals) -> i64| {
+            median(&values(trials, approach, |t| {
+                t.totals.map_or(f64::NAN, |s| f(&s) as f64) / t.rows.max(1) as f64
+            }))
+            .unwrap_or(f64::NAN)
+        };
+        let (buffers_a, buffers_b) = (
+            per_row(Approach::Tombstoned, StatementTotals::touched),
+            per_row(Approach::SingleUpdate, StatementTotals::touched),
+        );
+        let read = |approach| per_row(approach, |s| s.shared_read);
+        let written = |approach| per_row(approach, |s| s.shared_written);
+        rows.push(throughput);
+        rows.push(lock_hold);
+        rows.push(Row {
             scenario: 6,
             metric: format!(
-                "default settings: WAL bytes per row; checkpoints in a trial a {} / b {}",
+                "{}WAL bytes per row; checkpoints in a trial a {} / b {}",
+                layout.prefix,
                 checkpoints_of(Approach::Tombstoned),
                 checkpoints_of(Approach::SingleUpdate)
             ),
@@ -1062,8 +1216,37 @@ async fn scenario6_on(bench: &mut Bench) -> Result<ScenarioResult> {
             range: String::new(),
             target: String::new(),
             verdict: String::new(),
-        },
-    ];
+        });
+        rows.push(Row {
+            scenario: 6,
+            metric: format!(
+                "{}buffers per row (pg_stat_statements); of them read a {} / b {}, \
+                 written by the statements a {} / b {}",
+                layout.prefix,
+                num(read(Approach::Tombstoned), 2),
+                num(read(Approach::SingleUpdate), 2),
+                num(written(Approach::Tombstoned), 2),
+                num(written(Approach::SingleUpdate), 2),
+            ),
+            baseline: num(buffers_b, 2),
+            tombstoned: num(buffers_a, 2),
+            ratio: num(ratio(buffers_a, buffers_b), 2),
+            pair_ratio: String::new(),
+            range: String::new(),
+            target: String::new(),
+            verdict: String::new(),
+        });
+        details.push(json!({
+            "template": layout.template,
+            "table": facts,
+            "single_update_scan": scan,
+            "batch_plans": plans,
+            "median_rows_per_second": {"tombstoned": versus.ma, "single_update": versus.mb},
+            "ratio_tombstoned_to_single_update": versus.ratio,
+            "median_pair_ratio": versus.pair_ratio,
+            "trials": trials,
+        }));
+    }
     Ok(ScenarioResult {
         id: 6,
         title: "Cleanup throughput on default server settings".into(),
@@ -1074,10 +1257,7 @@ async fn scenario6_on(bench: &mut Bench) -> Result<ScenarioResult> {
             "rows_due": records / 2,
             "batch_size": bench.batch_size.unwrap_or(DEFAULT_BATCH),
             "server_settings": settings,
-            "median_rows_per_second": {"tombstoned": versus.ma, "single_update": versus.mb},
-            "ratio_tombstoned_to_single_update": versus.ratio,
-            "median_pair_ratio": versus.pair_ratio,
-            "trials": trials,
+            "layouts": details,
         }),
         seconds: 0.0,
     })

@@ -155,7 +155,7 @@ async fn grow(
             deadline0: format!("'{}'::timestamptz", history_start.to_rfc3339()),
             step: format!("{step_ms:.6} ms"),
             tombstones: true,
-            decimal_keys: false,
+            keys: crate::seed::Keys::Uuid,
         });
         first = last + 1;
     }
@@ -168,7 +168,7 @@ async fn grow(
             deadline0: "now() + interval '2 days'".into(),
             step: format!("{step} ms"),
             tombstones: false,
-            decimal_keys: false,
+            keys: crate::seed::Keys::Uuid,
         });
     }
     client.batch_execute("SET synchronous_commit = off").await?;
@@ -179,11 +179,11 @@ async fn grow(
         client,
         TOMBSTONE_TAG,
         &[from_tombstones + 1, to_tombstones],
-        false,
+        seed::Keys::Uuid,
     )
     .await?;
     if with_live {
-        seed::verify(client, LIVE_TAG, &[1, LIVE], false).await?;
+        seed::verify(client, LIVE_TAG, &[1, LIVE], seed::Keys::Uuid).await?;
     }
     Ok(report)
 }

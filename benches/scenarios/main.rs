@@ -274,7 +274,7 @@ impl Bench {
                 let n = self.scale.s1_records;
                 let due = n / 2;
                 let report = seed::seed(&client, &name, &s1_batches(n, due)).await?;
-                seed::verify(&client, "s1", &[1, due, due + 1, n], false).await?;
+                seed::verify(&client, "s1", &[1, due, due + 1, n], seed::Keys::Uuid).await?;
                 report
             }
             "s2" => {
@@ -295,11 +295,11 @@ impl Bench {
                     deadline0: "now() - interval '400 days'".into(),
                     step: format!("{} ms", 398 * day_ms / t),
                     tombstones: true,
-                    decimal_keys: false,
+                    keys: crate::seed::Keys::Uuid,
                 }];
                 batches.extend(live_batches("s2", t, live, due));
                 let report = seed::seed(&client, &name, &batches).await?;
-                seed::verify(&client, "s2", &[1, t, t + 1, t + due + 1], false).await?;
+                seed::verify(&client, "s2", &[1, t, t + 1, t + due + 1], seed::Keys::Uuid).await?;
                 report
             }
             "s4" => {
@@ -315,10 +315,10 @@ impl Bench {
                     deadline0: "now() + interval '1 hour'".into(),
                     step: format!("{} ms", 86_400_000 / n),
                     tombstones: false,
-                    decimal_keys: true,
+                    keys: crate::seed::Keys::Decimal,
                 }];
                 let report = seed::seed(&client, &name, &batches).await?;
-                seed::verify(&client, "s4r", &[1, n], true).await?;
+                seed::verify(&client, "s4r", &[1, n], seed::Keys::Decimal).await?;
                 seed::pgbench_replay_twin(&client).await?;
                 report
             }
@@ -330,7 +330,21 @@ impl Bench {
                 let n = self.scale.s6_records;
                 let due = n / 2;
                 let report = seed::seed(&client, &name, &live_batches("s6", 0, n, due)).await?;
-                seed::verify(&client, "s6", &[1, due, due + 1, n], false).await?;
+                seed::verify(&client, "s6", &[1, due, due + 1, n], seed::Keys::Uuid).await?;
+                report
+            }
+            "s6m" => {
+                // Scenario 6's variant (issue 28, target 6): md5(i) keys over 10 tenants × 1,000
+                // principals, so primary-key order is unrelated to deadline order and a batch's
+                // rows are spread over a wide primary key; the same size and due share.
+                self.server.create_db(&name).await?;
+                migrate(&self.server, &name).await?;
+                let client = self.server.connect(&name).await?;
+                let n = self.scale.s6_records;
+                let due = n / 2;
+                let batches = live_batches_keyed("s6m", 0, n, due, seed::Keys::Md5);
+                let report = seed::seed(&client, &name, &batches).await?;
+                seed::verify(&client, "s6m", &[1, due, due + 1, n], seed::Keys::Md5).await?;
                 report
             }
             other => bail!("no template {other}"),
@@ -353,6 +367,17 @@ pub fn s1_batches(n: i64, due: i64) -> Vec<seed::Batch> {
 /// `live` live records after `offset` others, the first `due` of them due: due deadlines spread
 /// over `[now - 25 h, now - 1 h]`, the others over `[now + 1 h, now + 25 h]`, increasing with `i`.
 fn live_batches(tag: &'static str, offset: i64, live: i64, due: i64) -> Vec<seed::Batch> {
+    live_batches_keyed(tag, offset, live, due, seed::Keys::Uuid)
+}
+
+/// [`live_batches`] with keys and scopes shaped as `keys`.
+fn live_batches_keyed(
+    tag: &'static str,
+    offset: i64,
+    live: i64,
+    due: i64,
+    keys: seed::Keys,
+) -> Vec<seed::Batch> {
     let day_ms = 86_400_000i64;
     let mut batches = Vec::new();
     if due > 0 {
@@ -367,7 +392,7 @@ fn live_batches(tag: &'static str, offset: i64, live: i64, due: i64) -> Vec<seed
             ),
             step: format!("{step} ms"),
             tombstones: false,
-            decimal_keys: false,
+            keys,
         });
     }
     let rest = live - due;
@@ -384,7 +409,7 @@ fn live_batches(tag: &'static str, offset: i64, live: i64, due: i64) -> Vec<seed
             ),
             step: format!("{step} ms"),
             tombstones: false,
-            decimal_keys: false,
+            keys,
         });
     }
     batches

@@ -13,13 +13,58 @@
 use std::time::Instant;
 
 use anyhow::{ensure, Context as _, Result};
-use sha2::{Digest, Sha256};
+use md5::Digest as _;
+use sha2::{Digest as _, Sha256};
 use tokio_postgres::Client;
 use tombstoned::fingerprint::Fingerprint;
 use tombstoned::order_request::{parse_order, RequestDefaults};
 
 /// Tenants × principals: principal `p` (0-15) belongs to tenant `p / 4`.
 pub const PRINCIPALS: i64 = 16;
+/// [`Keys::Md5`]'s scopes: 10 tenants × 1,000 principals, principal `p` in tenant `p / 1000`.
+pub const MD5_PRINCIPALS: i64 = 10_000;
+/// [`Keys::Md5`]'s principals per tenant.
+pub const MD5_PRINCIPALS_PER_TENANT: i64 = 1_000;
+
+/// The shape of a data set's keys and scopes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Keys {
+    /// UUID-shaped keys spread over [`PRINCIPALS`] principals in 4 tenants.
+    Uuid,
+    /// Decimal keys in principal 0's scope (the pgbench replay set).
+    Decimal,
+    /// `md5(i)` keys over [`MD5_PRINCIPALS`] principals in 10 tenants (issue 28's layout:
+    /// 10,000 scopes, primary-key order unrelated to deadline order).
+    Md5,
+}
+
+impl Keys {
+    /// How [`RECORDS`] names it (`$6`).
+    fn sql(self) -> &'static str {
+        match self {
+            Keys::Uuid => "uuid",
+            Keys::Decimal => "decimal",
+            Keys::Md5 => "md5",
+        }
+    }
+
+    /// The principal of record `i`.
+    fn principal(self, i: i64) -> i64 {
+        match self {
+            Keys::Uuid => i % PRINCIPALS,
+            Keys::Decimal => 0,
+            Keys::Md5 => i % MD5_PRINCIPALS,
+        }
+    }
+
+    /// The tenant of principal `p`.
+    fn tenant(self, p: i64) -> i64 {
+        match self {
+            Keys::Md5 => p / MD5_PRINCIPALS_PER_TENANT,
+            Keys::Uuid | Keys::Decimal => p / 4,
+        }
+    }
+}
 /// The API version the seeded fingerprints were computed for (the default).
 pub const API_VERSION: &str = "2026-12-01";
 /// Replay window of the seeded records (the default 24 h): `created_at = deadline - window`.
@@ -36,8 +81,8 @@ const ITEMS: [&str; 4] = [
 
 /// One record per `i` in `[$1, $2]`: scope, key, request fields, and the canonical JSON its
 /// fingerprint hashes. `$3` tag (namespaces keys per data set), `$4` deadline of `i = 0`, `$5`
-/// step between deadlines, `$6` decimal keys in principal 0's scope (the pgbench replay set)
-/// instead of UUID keys spread over all principals.
+/// step between deadlines, `$6` the [`Keys`] shape (`uuid`, `decimal`: principal 0's scope, the
+/// pgbench replay set; `md5`: 10 tenants × 1,000 principals).
 const RECORDS: &str = "
 SELECT i, p.tenant_id, p.principal_id, p.idempotency_key, p.request_id, p.order_id,
        p.amount_minor, p.amount, p.item, p.quantity, p.recipient, p.deadline,
@@ -47,9 +92,10 @@ SELECT i, p.tenant_id, p.principal_id, p.idempotency_key, p.request_id, p.order_
        || ',\"request_id\":' || to_json(p.request_id) || '}' AS canonical
 FROM generate_series($1::bigint, $2::bigint) AS i
 CROSS JOIN LATERAL (
-    SELECT 'tenant-' || (s.principal / 4) AS tenant_id,
+    SELECT 'tenant-' || (s.principal / CASE WHEN $6::text = 'md5' THEN 1000 ELSE 4 END) AS tenant_id,
            'principal-' || s.principal AS principal_id,
-           CASE WHEN $6::bool THEN ($8::bigint + i)::text
+           CASE $6::text WHEN 'decimal' THEN ($8::bigint + i)::text
+                         WHEN 'md5' THEN md5(i::text)
                 ELSE encode(substr(sha256(convert_to('key/' || $3::text || '/' || i, 'UTF8')), 1, 16), 'hex')::uuid::text
            END AS idempotency_key,
            encode(substr(sha256(convert_to('req/' || $3::text || '/' || i, 'UTF8')), 1, 16), 'hex')::uuid::text AS request_id,
@@ -63,7 +109,8 @@ CROSS JOIN LATERAL (
            (1 + i % 5)::int AS quantity,
            'Customer ' || (i % 9973) || ' <customer' || (i % 9973) || '@example.com>' AS recipient,
            $4::timestamptz + i * $5::text::interval AS deadline
-    FROM (SELECT CASE WHEN $6::bool THEN 0 ELSE i % 16 END AS principal,
+    FROM (SELECT CASE $6::text WHEN 'decimal' THEN 0 WHEN 'md5' THEN i % 10000 ELSE i % 16 END
+                     AS principal,
                  100 + (i * 7919) % 1000000 AS amount_minor) AS s
 ) AS p";
 
@@ -74,8 +121,20 @@ const SCOPE_OF_ROW: &str = "(SELECT s.scope_id FROM idempotency_scopes s
                    AND s.operation = 'create-order')";
 
 /// The scopes of the generated records (principal `p` in tenant `p / 4`) and of pgbench's
-/// principal, in that order. Idempotent.
-pub async fn seed_scopes(client: &Client) -> Result<()> {
+/// principal, in that order; or, for [`Keys::Md5`] data, only its 10,000 scopes. Idempotent.
+pub async fn seed_scopes(client: &Client, keys: Keys) -> Result<()> {
+    if keys == Keys::Md5 {
+        client
+            .execute(
+                "INSERT INTO idempotency_scopes (tenant_id, principal_id, operation)
+                 SELECT 'tenant-' || (p / $2::bigint), 'principal-' || p, 'create-order'
+                 FROM generate_series(0, $1::bigint - 1) AS p ORDER BY p
+                 ON CONFLICT (tenant_id, principal_id, operation) DO NOTHING",
+                &[&MD5_PRINCIPALS, &MD5_PRINCIPALS_PER_TENANT],
+            )
+            .await?;
+        return Ok(());
+    }
     client
         .execute(
             "INSERT INTO idempotency_scopes (tenant_id, principal_id, operation)
@@ -171,8 +230,8 @@ pub struct Batch {
     pub step: String,
     /// Tombstones instead of live records.
     pub tombstones: bool,
-    /// Decimal keys in principal 0's scope.
-    pub decimal_keys: bool,
+    /// The keys' and scopes' shape.
+    pub keys: Keys,
 }
 
 /// What seeding a database cost.
@@ -204,7 +263,8 @@ pub async fn seed_as(
     layout: Layout,
 ) -> Result<SeedReport> {
     if layout == Layout::V5 {
-        seed_scopes(client).await?;
+        let md5 = batches.iter().any(|b| b.keys == Keys::Md5);
+        seed_scopes(client, if md5 { Keys::Md5 } else { Keys::Uuid }).await?;
     }
     let indexes = IndexDefinitions::read(client).await?;
     indexes.drop(client).await?;
@@ -230,7 +290,7 @@ pub async fn seed_as(
                     &b.tag,
                     &deadline0,
                     &b.step,
-                    &b.decimal_keys,
+                    &b.keys.sql(),
                     &API_VERSION,
                     &DECIMAL_KEY_BASE,
                 ],
@@ -354,8 +414,10 @@ async fn all_index_definitions(client: &Client) -> Result<Vec<String>> {
 /// One seeded record as the load generators see it: what to send to replay it.
 #[derive(Debug, Clone)]
 pub struct Record {
-    /// Principal index 0-15 (its token is [`token`]).
+    /// Principal index (0-15 for [`Keys::Uuid`]: its token is [`token`]).
     pub principal: i64,
+    /// Tenant index.
+    pub tenant: i64,
     /// The idempotency key.
     pub key: String,
     /// The order's request_id.
@@ -380,13 +442,27 @@ fn uuid_of(namespace: &str, tag: &str, i: i64) -> String {
 impl Record {
     /// Record `i` of data set `tag` (the Rust twin of [`RECORDS`]).
     pub fn new(tag: &str, i: i64, decimal_keys: bool) -> Self {
-        let principal = if decimal_keys { 0 } else { i % PRINCIPALS };
+        Record::of(
+            tag,
+            i,
+            if decimal_keys {
+                Keys::Decimal
+            } else {
+                Keys::Uuid
+            },
+        )
+    }
+
+    /// Record `i` of data set `tag` with keys and scopes shaped as `keys`.
+    pub fn of(tag: &str, i: i64, keys: Keys) -> Self {
+        let principal = keys.principal(i);
         Record {
             principal,
-            key: if decimal_keys {
-                (DECIMAL_KEY_BASE + i).to_string()
-            } else {
-                uuid_of("key", tag, i)
+            tenant: keys.tenant(principal),
+            key: match keys {
+                Keys::Decimal => (DECIMAL_KEY_BASE + i).to_string(),
+                Keys::Md5 => hex::encode(md5::Md5::digest(i.to_string().as_bytes())),
+                Keys::Uuid => uuid_of("key", tag, i),
             },
             request_id: uuid_of("req", tag, i),
             amount_minor: 100 + (i * 7919) % 1_000_000,
@@ -412,7 +488,7 @@ impl Record {
     /// The record's scope.
     pub fn scope(&self) -> (String, String) {
         (
-            format!("tenant-{}", self.principal / 4),
+            format!("tenant-{}", self.tenant),
             format!("principal-{}", self.principal),
         )
     }
@@ -474,12 +550,12 @@ pub async fn pgbench_replay_twin(client: &Client) -> Result<()> {
 /// Checks that the records seeded in SQL are the records the Rust side would replay: for a few
 /// `i`, the stored row exists under the Rust key and scope, and its fingerprint is the one
 /// `tombstoned::fingerprint` computes from the Rust request body.
-pub async fn verify(client: &Client, tag: &str, samples: &[i64], decimal_keys: bool) -> Result<()> {
+pub async fn verify(client: &Client, tag: &str, samples: &[i64], keys: Keys) -> Result<()> {
     let defaults = RequestDefaults {
         currency: tombstoned::money::Currency::parse("CNY")?,
     };
     for &i in samples {
-        let record = Record::new(tag, i, decimal_keys);
+        let record = Record::of(tag, i, keys);
         let order = parse_order(record.body().as_bytes(), &defaults)
             .map_err(|e| anyhow::anyhow!("the bench's request body is invalid: {e}"))?;
         let expected = Fingerprint::of(&order, API_VERSION)?;

@@ -281,7 +281,7 @@ async fn measure_layouts(bench: &mut Bench, n: i64) -> Result<(Vec<LayoutSizes>,
         },
         step: "60 ms".into(),
         tombstones,
-        decimal_keys: false,
+        keys: crate::seed::Keys::Uuid,
     };
     let table = "tombstoned.idempotency_records";
     let tuple_sql = "SELECT avg(pg_column_size(t.*)) FILTER (WHERE NOT expired)::float8,

@@ -239,18 +239,24 @@ impl<'a> Engine<'a> {
         renewal: Option<Renewal<'a>>,
         progress: &'a ProgressCell,
     ) -> Result<Engine<'a>, CleanupError> {
-        let prepare = |text: &'static str, types: &'static [Type]| {
-            super::bounded(
-                cleanup.statement_timeout,
-                "preparing the batch transaction",
-                conn.prepare(text, types),
-            )
-        };
+        // Prepared side by side: one round trip, not three.
+        let (begin, batch_settings, commit) = super::bounded(
+            cleanup.statement_timeout,
+            "preparing the batch transaction",
+            async {
+                futures::try_join!(
+                    conn.prepare(db::sql::BEGIN_READ_COMMITTED, &[]),
+                    conn.prepare(sql::BATCH_SETTINGS, &BATCH_SETTINGS_TYPES),
+                    conn.prepare(db::sql::COMMIT, &[]),
+                )
+            },
+        )
+        .await?;
         Ok(Engine {
             conn,
-            begin: prepare(db::sql::BEGIN_READ_COMMITTED, &[]).await?,
-            batch_settings: prepare(sql::BATCH_SETTINGS, &BATCH_SETTINGS_TYPES).await?,
-            commit: prepare(db::sql::COMMIT, &[]).await?,
+            begin,
+            batch_settings,
+            commit,
             cleanup,
             limits,
             shutdown,
@@ -346,15 +352,18 @@ impl<'a> Engine<'a> {
         range: KeyRange,
     ) -> Result<PhaseResult, CleanupError> {
         let (wait_sql, skip_sql) = phase.statements();
-        let prepare = |text: &'static str| {
-            super::bounded(
-                self.cleanup.statement_timeout,
-                "preparing the batch statement",
-                self.conn.prepare(text, &BATCH_TYPES),
-            )
-        };
-        let wait = prepare(wait_sql).await?;
-        let skip = prepare(skip_sql).await?;
+        // Both prepared side by side: one round trip.
+        let (wait, skip) = super::bounded(
+            self.cleanup.statement_timeout,
+            "preparing the batch statement",
+            async {
+                futures::try_join!(
+                    self.conn.prepare(wait_sql, &BATCH_TYPES),
+                    self.conn.prepare(skip_sql, &BATCH_TYPES),
+                )
+            },
+        )
+        .await?;
         let waits = self.cleanup.on_locked == OnLocked::Wait;
 
         let mut result = PhaseResult::default();

@@ -47,7 +47,8 @@ pub use history::RecordedRun;
 pub use lease::{lease_ttl, Lease, LeaseState, LEASE_NAME};
 pub use report::{RunOutcome, RunReport, StopReason};
 pub use run::{
-    check_replica_lag_visible, run_leased, run_once, server_refuses_writes, LeasedRun, STOP_GRACE,
+    check_replica_lag_visible, run_leased, run_leased_on, run_once, server_refuses_writes,
+    LeasedRun, STOP_GRACE,
 };
 pub use throttle::{rate_wait, ReplicaLag, StandbyLag, ThrottleReason};
 

@@ -154,7 +154,6 @@ pub enum LeasedRun {
 ///
 /// With `metrics`, a skip counts as `skipped_lease` and `tombstoned_cleanup_lease_held` is 1
 /// while this run holds the lease; errors are counted and returned like [`run_once`]'s.
-#[tracing::instrument(name = "cleanup_run", skip_all, fields(schema = %db.schema))]
 pub async fn run_leased(
     db: &DatabaseConfig,
     cleanup: &CleanupConfig,
@@ -177,6 +176,28 @@ pub async fn run_leased(
         },
         () = shutdown.cancelled() => return Ok(LeasedRun::Stopped),
     };
+    run_leased_on(
+        session, started, db, cleanup, retention, limits, shutdown, metrics,
+    )
+    .await
+}
+
+/// [`run_leased`] on a session the caller opened (`tombstoned cleanup` checks the schema on it
+/// first: one connection per run, not two). `started` is when the run began, connecting
+/// included.
+#[allow(clippy::too_many_arguments)]
+#[tracing::instrument(name = "cleanup_run", skip_all, fields(schema = %db.schema))]
+pub async fn run_leased_on(
+    session: db::Session,
+    started: Instant,
+    db: &DatabaseConfig,
+    cleanup: &CleanupConfig,
+    retention: &RetentionConfig,
+    limits: RunLimits,
+    shutdown: &CancellationToken,
+    metrics: Option<&Metrics>,
+) -> Result<LeasedRun, CleanupError> {
+    let meter = Meter(metrics);
     let holder = crate::instance::instance_id();
     let conn = session.conn();
     let taken = tokio::select! {

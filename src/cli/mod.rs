@@ -314,18 +314,40 @@ async fn require_current_schema(
     purpose: &'static str,
     context: &'static str,
 ) -> anyhow::Result<()> {
+    connect_current(db, purpose, context).await.map(drop)
+}
+
+/// [`require_current_schema`], keeping the session it checked on for the command's work.
+async fn connect_current(
+    db: &crate::config::DatabaseConfig,
+    purpose: &'static str,
+    context: &'static str,
+) -> anyhow::Result<db::Session> {
     let session = db::connect(db, purpose).await.context(context)?;
     let status = migrations::status(&session.conn(), None)
         .await
         .context(context)?;
     match status.problem() {
         Some(problem) => Err(migrations::SchemaNotCurrent(problem).into()),
-        None => Ok(()),
+        None => Ok(session),
     }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// The runtime of `cleanup`: one thread. A run is a chain of round trips, each batch sent when
+/// the previous one's answer is in, and its workers are futures of one task: nothing runs in
+/// parallel on the client. On one thread the answer wakes the engine on the thread that read it
+/// (one wake-up per batch; the worker-thread runtime hopped between threads, ~14 context
+/// switches per batch, each one a scheduling delay on the critical path of a loaded machine),
+/// and no worker threads are started.
+fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")
@@ -369,7 +391,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     match cli.command {
         Command::CheckConfig => check_config::run(&config),
         Command::Migrate(args) => runtime()?.block_on(migrate::run(&config, args)),
-        Command::Cleanup(args) => runtime()?.block_on(cleanup::run(&config, &args)),
+        Command::Cleanup(args) => single_thread_runtime()?.block_on(cleanup::run(&config, &args)),
         Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
         Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
         Command::Status(args) => runtime()?.block_on(status::run(&config, &args)),
