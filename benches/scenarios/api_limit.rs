@@ -187,14 +187,19 @@ pub async fn scenario4(bench: &mut Bench) -> Result<ScenarioResult> {
                 &stats
                     .iter()
                     .zip(done)
-                    .map(|(st, n)| st.iter().map(|s| s.calls).sum::<i64>() as f64 / (*n).max(1) as f64)
+                    .map(|(st, n)| {
+                        st.iter().map(|s| s.calls).sum::<i64>() as f64 / (*n).max(1) as f64
+                    })
                     .collect::<Vec<_>>(),
             )
             .unwrap_or(f64::NAN)
         };
         let api_done: Vec<u64> = g.api.iter().map(|r| r.completed).collect();
         let pg_done: Vec<u64> = g.pgbench.iter().map(|r| r.transactions).collect();
-        let (cpu_api, cpu_pg) = (pg_cpu(&g.api_cpu, &api_done), pg_cpu(&g.pgbench_cpu, &pg_done));
+        let (cpu_api, cpu_pg) = (
+            pg_cpu(&g.api_cpu, &api_done),
+            pg_cpu(&g.pgbench_cpu, &pg_done),
+        );
         let cpu_ratio = ratio(cpu_api, cpu_pg);
         let (cpu_target, cpu_verdict) = if g.workload == Workload::Replays {
             (
