@@ -18,10 +18,11 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -296,6 +297,8 @@ impl Shared {
             idle_since_ms: AtomicU64::new(self.now_ms()),
             partial_since_ms: AtomicU64::new(NONE),
             evict: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
+            task: OnceLock::new(),
             wake: Notify::new(),
         });
         self.open
@@ -347,13 +350,32 @@ struct Connection {
     partial_since_ms: AtomicU64,
     /// Set by the accept loop to make room.
     evict: AtomicBool,
-    /// Wakes the connection's task: a request ended, a first byte arrived, eviction.
+    /// Counts the changes that move the connection's deadline: a request ended, a first byte
+    /// arrived ([`Connection::changed`]).
+    changes: AtomicU64,
+    /// The task serving the connection, once it runs.
+    task: OnceLock<tokio::task::Id>,
+    /// Wakes the connection's task: a change from another task, eviction.
     wake: Notify,
 }
 
 impl Connection {
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A change that may move the connection's deadline. Made inside the connection's own task
+    /// (HTTP/1: hyper reads the socket and runs the service within that task's poll), the
+    /// task's loop sees it as soon as the poll returns ([`serve_connection`]); waking the
+    /// running task instead would make the runtime reschedule it and wake another worker thread
+    /// for it — two per request, for nothing. From any other task (HTTP/2 runs each stream in a
+    /// task of its own) the connection's task is woken.
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        let own_task = tokio::task::try_id().is_some_and(|id| self.task.get() == Some(&id));
+        if !own_task {
+            self.wake.notify_one();
+        }
     }
 
     fn request_started(self: &Arc<Self>) -> RequestGuard {
@@ -377,7 +399,7 @@ impl Drop for RequestGuard {
         if c.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             c.idle_since_ms.store(c.now_ms(), Ordering::Release);
             c.partial_since_ms.store(NONE, Ordering::Release);
-            c.wake.notify_one();
+            c.changed();
         }
     }
 }
@@ -392,6 +414,10 @@ async fn serve_connection(
     builder: auto::Builder<TokioExecutor>,
     shutdown: CancellationToken,
 ) {
+    if let Some(id) = tokio::task::try_id() {
+        // Set once: a connection is served by one task.
+        let _ = connection.task.set(id);
+    }
     let io = TokioIo::new(Tracked {
         inner: stream,
         connection: Arc::clone(&connection),
@@ -421,6 +447,7 @@ async fn serve_connection(
     let mut served = Box::pin(builder.serve_connection(io, service));
     let mut drain_started: Option<Instant> = None;
     let reason = loop {
+        let seen = connection.changes.load(Ordering::Acquire);
         let deadline = connection_deadline(&shared, &connection, drain_started);
         let sleep = async {
             match deadline {
@@ -428,8 +455,18 @@ async fn serve_connection(
                 None => std::future::pending::<()>().await,
             }
         };
+        // The connection, or the news that its own task changed the deadline while serving it.
+        let served_or_changed = std::future::poll_fn(|cx| match served.as_mut().poll(cx) {
+            Poll::Ready(result) => Poll::Ready(Some(result)),
+            Poll::Pending if connection.changes.load(Ordering::Acquire) != seen => {
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        });
         tokio::select! {
-            result = served.as_mut() => {
+            step = served_or_changed => {
+                // Changed: compute the deadline again.
+                let Some(result) = step else { continue };
                 if let Err(e) = result {
                     tracing::debug!(listener = shared.name.label(), error = %e, "connection ended with an error");
                 }
@@ -521,7 +558,7 @@ impl AsyncRead for Tracked {
                 && c.partial_since_ms.load(Ordering::Acquire) == NONE
             {
                 c.partial_since_ms.store(c.now_ms(), Ordering::Release);
-                c.wake.notify_one();
+                c.changed();
             }
         }
         result
