@@ -439,7 +439,10 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
         .copied()
         .collect();
     // A 409 duplicate-request-id the old primary gave for an order the new one lacks (its
-    // creating answer never reached the client, so no answer above named it).
+    // creating answer never reached the client, so no answer above named it). The loss frees
+    // the request_id: the new primary may hold an order for it created after the stop, from
+    // another intent (the very one refused with the 409, retried), so only an order from
+    // before the stop is the one the 409 saw.
     let erased_requests: HashSet<(&str, &str)> = exchanges
         .iter()
         .filter(|e| {
@@ -449,10 +452,9 @@ async fn failover_under_load(replication: Replication, tag: &str) -> Failover {
         })
         .map(|e| (e.intent.who.tenant, e.intent.request_id.as_str()))
         .filter(|(tenant, request_id)| {
-            !state
-                .orders
-                .values()
-                .any(|o| o.tenant == *tenant && o.request_id == *request_id)
+            !state.orders.values().any(|o| {
+                o.tenant == *tenant && o.request_id == *request_id && o.created_at <= stopped_at
+            })
         })
         .collect();
     let lost_requests: HashSet<(&str, &str)> = lost

@@ -302,6 +302,7 @@ pub struct Order {
     pub item: String,
     pub quantity: i32,
     pub recipient: String,
+    pub created_at: SystemTime,
 }
 
 /// `(tenant, principal, key)`.
@@ -354,7 +355,7 @@ impl DbState {
         let orders = client
             .query(
                 "SELECT order_id, tenant_id, principal_id, request_id, amount_minor,
-                        currency::text, item, quantity, recipient FROM orders",
+                        currency::text, item, quantity, recipient, created_at FROM orders",
                 &[],
             )
             .await
@@ -372,6 +373,7 @@ impl DbState {
                         item: r.get(6),
                         quantity: r.get(7),
                         recipient: r.get(8),
+                        created_at: r.get(9),
                     },
                 )
             })
