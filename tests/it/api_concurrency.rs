@@ -12,7 +12,7 @@ use tombstoned::order_request::{parse_order, RequestDefaults};
 use crate::api_support::{backend_pid, order, wait_until_api_blocked_by, TestApi, ALICE};
 use crate::harness::wait_until_app_lock_wait;
 
-const WAIT: Duration = Duration::from_secs(10);
+const WAIT: Duration = Duration::from_secs(20);
 
 /// The fingerprint the API computes for `body` (default currency CNY, default API version).
 fn fingerprint_of(body: &serde_json::Value) -> Vec<u8> {
@@ -172,7 +172,10 @@ async fn when_the_owners_business_insert_fails_the_waiting_loser_creates_the_ord
     // A session holds an uncommitted order with the request_id, so the owner's order insert
     // waits on it and fails after claim_lock_timeout (55P03): the owner's whole transaction,
     // claim included, rolls back while a second request waits on the owner's claim.
-    let api = Arc::new(TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "3s")]).await);
+    // The timeout bounds two steps the test must finish inside it (the second request queued
+    // behind the owner; the test seeing it wait on the order and rolling back): 10 s, so a
+    // loaded CI machine does not miss them (3 s once did).
+    let api = Arc::new(TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "10s")]).await);
     let blocker = api.db.client().await;
     let blocker_pid = backend_pid(&blocker).await;
     blocker.batch_execute("BEGIN").await.unwrap();
@@ -222,7 +225,8 @@ async fn when_the_owners_business_insert_fails_the_waiting_loser_creates_the_ord
 
 #[tokio::test]
 async fn a_claim_blocked_past_claim_lock_timeout_gets_409_then_the_retry_replays() {
-    let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "500ms")]).await;
+    // The test must see the claim wait before its lock timeout ends it: 2 s of margin.
+    let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "2s")]).await;
     let first = api.post(ALICE, "key-l", &order("req-l")).await;
     first.expect(201);
 
