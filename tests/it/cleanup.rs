@@ -118,10 +118,11 @@ async fn a_row_held_past_lock_timeout_rolls_back_its_batch_whole_and_a_later_run
     let held = nth_live(&observer, 12).await;
     let held_before = row_text(&observer, &held).await;
     let (reader, _) = Reader::lock(&db, &held, "FOR SHARE").await;
-    // Long enough for the barrier below to see the first wait even on a loaded machine.
+    // Long enough for the barrier below and the three reads after it to finish inside the first
+    // wait even on a loaded machine.
     let config = db.config_with(&[
         ("TOMBSTONED_CLEANUP__BATCH_SIZE", "10"),
-        ("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "2s"),
+        ("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "5s"),
     ]);
     let cleaner = {
         let config = config.clone();
@@ -220,7 +221,7 @@ async fn a_held_row_is_isolated_after_one_timeout_and_retried_later_in_the_same_
     // machine.
     let config = db.config_with(&[
         ("TOMBSTONED_CLEANUP__BATCH_SIZE", "100"),
-        ("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "3s"),
+        ("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "8s"),
     ]);
     let cleaner = tokio::spawn(async move { run(&config).await });
     // Main pass: waits, times out, isolates the row, tombstones the 299 others ...

@@ -290,12 +290,13 @@ async fn sigterm_during_a_cleanup_run_commits_whole_batches_releases_the_lease_a
     let db = TestDb::new().await;
     let client = db.client().await;
     seed_live(&client, "due", ROWS, DUE).await;
-    // 40 batches with a 100 ms pause after each: a run of several seconds.
+    // 40 batches with a 250 ms pause after each: a run of ten seconds, so the signal below comes
+    // while it runs even on a loaded machine.
     let mut daemon = Daemon::start(
         Spec::new(&db.url)
             .config(&format!(
                 "[cleanup]\nschedule = \"* * * * * *\"\nbatch_size = {BATCH}\n\
-                 pause_between_batches = \"100ms\""
+                 pause_between_batches = \"250ms\""
             ))
             .env("RUST_LOG", "info,tombstoned::cleanup=debug"),
     )

@@ -29,8 +29,9 @@ const PRINCIPAL: &str = "billing";
 const TOKEN: &str = "token-acme-billing";
 const OTHER_TOKEN: &str = "token-acme-audit";
 const OPERATION: &str = "create-payment";
-/// What the examples are started with: a claim waits this long for an in-flight owner.
-const LOCK_TIMEOUT: &str = "2 seconds";
+/// What the examples are started with: a claim waits this long for an in-flight owner (long
+/// enough for the test to see a claim wait and end the holder inside it on a loaded machine).
+const LOCK_TIMEOUT: &str = "5 seconds";
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// One of the three examples.

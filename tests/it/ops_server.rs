@@ -94,7 +94,8 @@ async fn readyz_is_503_when_the_database_is_unreachable_and_healthz_stays_200() 
 async fn concurrent_probes_share_one_check_on_one_session() {
     let db = TestDb::new().await;
     let config = db.config();
-    let timeout = Duration::from_millis(1500);
+    // Long enough for the observer below to see the check wait on a loaded machine.
+    let timeout = Duration::from_secs(4);
     let probe = Arc::new(
         ReadinessProbe::new(config.database.clone())
             .with_timeout(timeout)
@@ -142,7 +143,7 @@ async fn concurrent_probes_share_one_check_on_one_session() {
         assert!(body.starts_with("not ready: database "), "{body}");
     }
     assert_eq!(most_sessions, 1, "probes opened extra sessions");
-    // Queued checks would take 32 x 1.5 s. Shared, they take one timeout, plus at most a second
+    // Queued checks would take 32 x 4 s. Shared, they take one timeout, plus at most a second
     // for a probe that a loaded machine delivers after the first result aged out (max_age 1 s).
     assert!(
         elapsed < timeout * 3,

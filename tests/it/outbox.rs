@@ -191,7 +191,8 @@ async fn a_relay_killed_after_the_receiver_committed_delivers_again_and_the_sink
         &db,
         &receiver,
         &secret,
-        &[("request_timeout", "\"3s\""), ("lease_duration", "\"6s\"")],
+        // The kill must come before the request times out: 6 s of margin on a loaded machine.
+        &[("request_timeout", "\"6s\""), ("lease_duration", "\"12s\"")],
     );
     let mut first = Daemon::start(spec.clone()).await;
     receiver.wait_held(1).await;
@@ -605,9 +606,10 @@ async fn sigterm_abandons_a_delivery_after_the_grace_and_it_is_redelivered_after
         &db,
         &receiver,
         &secret,
+        // The signal and the grace must come before the request times out: 6 s of margin.
         &[
-            ("request_timeout", "\"3s\""),
-            ("lease_duration", "\"6s\""),
+            ("request_timeout", "\"6s\""),
+            ("lease_duration", "\"12s\""),
             ("shutdown_grace", "\"1s\""),
         ],
     );
@@ -623,7 +625,7 @@ async fn sigterm_abandons_a_delivery_after_the_grace_and_it_is_redelivered_after
         took >= Duration::from_secs(1),
         "the grace was given: {took:?}"
     );
-    // Abandoned by the grace (not by the request's 3 s timeout: only the grace logs this), and
+    // Abandoned by the grace (not by the request's 6 s timeout: only the grace logs this), and
     // right after it, by the daemon's own clock (its log's timestamps: a slow test cannot stretch
     // it); the exit follows.
     let at = |needle: &str| {

@@ -771,7 +771,9 @@ async fn the_cleaner_waits_for_an_open_replay_then_tombstones_the_record() {
         assert!(Instant::now() < give_up);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let config = db.config();
+    // A lock timeout far beyond the test's steps while the cleaner waits (the default 5 s could
+    // end the wait before a loaded machine commits the replay).
+    let config = db.config_with(&[("TOMBSTONED_CLEANUP__LOCK_TIMEOUT", "20s")]);
     let cleaner = tokio::spawn(async move { run(&config).await });
     wait_until_cleaner_waits(&observer).await;
     assert!(!cleaner.is_finished());

@@ -140,11 +140,16 @@ async fn idle_and_half_sent_connections_are_closed_by_their_timeouts() {
     let daemon = Daemon::start(spec).await;
     let (api, ops) = (address(&daemon.api), address(&daemon.ops));
 
-    let idle = open_idle(&api, 1500).await;
-    let half = vec![
-        half_sent(&api, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Ty").await,
-        half_sent(&ops, "GET /readyz HTTP/1.1\r\nHo").await,
-    ];
+    // Every socket is watched from the moment it is open, so a close is timed when it happens
+    // even while the requests below take their time on a loaded machine.
+    let idle = tokio::spawn(close_times(open_idle(&api, 1500).await, IDLE + MARGIN));
+    let half = tokio::spawn(close_times(
+        vec![
+            half_sent(&api, "POST /v1/orders HTTP/1.1\r\nHost: x\r\nContent-Ty").await,
+            half_sent(&ops, "GET /readyz HTTP/1.1\r\nHo").await,
+        ],
+        IDLE + MARGIN,
+    ));
     // Headers complete, the body never: the API's body read is bounded by the same timeout.
     let (body_never, body_since) = half_sent(
         &api,
@@ -164,7 +169,7 @@ async fn idle_and_half_sent_connections_are_closed_by_their_timeouts() {
     let mut first = [0u8; 512];
     let n = kept.read(&mut first).await.unwrap();
     assert!(first[..n].starts_with(b"HTTP/1.1 200"));
-    let kept = vec![(kept, Instant::now())];
+    let kept = tokio::spawn(close_times(vec![(kept, Instant::now())], IDLE + MARGIN));
 
     // The listeners keep serving meanwhile, HTTP/1.1 and h2c (prior knowledge) as before.
     let readyz = client(Duration::from_secs(5))
@@ -192,10 +197,10 @@ async fn idle_and_half_sent_connections_are_closed_by_their_timeouts() {
         (reqwest::Version::HTTP_2, 201)
     );
 
-    let (idle_times, half_times, kept_times) = tokio::join!(
-        close_times(idle, IDLE + MARGIN),
-        close_times(half, IDLE + MARGIN),
-        close_times(kept, IDLE + MARGIN),
+    let (idle_times, half_times, kept_times) = (
+        idle.await.unwrap(),
+        half.await.unwrap(),
+        kept.await.unwrap(),
     );
     let open = idle_times.iter().filter(|t| t.is_none()).count();
     assert_eq!(

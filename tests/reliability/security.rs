@@ -178,7 +178,7 @@ async fn logs_at_debug_and_metrics_never_contain_tokens_keys_or_bodies() {
         .set("retention", "replay_window", "\"2s\"")
         .set("database", "pool_size", "1")
         .set("database", "connect_timeout", "\"1s\"")
-        .set("api", "claim_lock_timeout", "\"4s\"")
+        .set("api", "claim_lock_timeout", "\"10s\"")
         .set("api", "rate_limit_per_second", "1")
         .set("api", "rate_limit_burst", "100");
     spec.tokens = secret_tokens();
