@@ -310,6 +310,9 @@ impl CleanupProcess {
         if let Some(n) = bench.batch_size {
             command.args(["--batch-size", &n.to_string()]);
         }
+        if let Some(time) = &bench.batch_time {
+            command.env("TOMBSTONED_CLEANUP__BATCH_TIME", time);
+        }
         let started = Instant::now();
         let output = command
             .output()
@@ -628,6 +631,7 @@ pub async fn scenario1(bench: &mut Bench, keep_for_storage: bool) -> Result<Scen
             "rows_due": rows_due,
             "records": bench.scale.s1_records,
             "batch_size": bench.batch_size.unwrap_or(DEFAULT_BATCH),
+            "batch_time": bench.batch_time,
             "median_rows_per_second": {"tombstoned": ma, "single_update": mb, "job_queue": mc},
             "ratio_tombstoned_to_single_update": versus.ratio,
             "median_pair_ratio": versus.pair_ratio,
@@ -1256,6 +1260,7 @@ async fn scenario6_on(bench: &mut Bench) -> Result<ScenarioResult> {
             "records": records,
             "rows_due": records / 2,
             "batch_size": bench.batch_size.unwrap_or(DEFAULT_BATCH),
+            "batch_time": bench.batch_time,
             "server_settings": settings,
             "layouts": details,
         }),

@@ -88,6 +88,10 @@ struct Args {
     /// default, 1000). For experiments; the reported run uses the default.
     #[arg(long, value_name = "N")]
     batch_size: Option<u32>,
+    /// `cleanup.batch_time` for `tombstoned cleanup` (e.g. `50ms`: each batch sized to hold its
+    /// locks about that long; default: the product's, off).
+    #[arg(long, value_name = "DURATION")]
+    batch_time: Option<String>,
     /// The `tombstoned` binary under test (default: the release-profile build cargo makes for
     /// this benchmark).
     #[arg(long, value_name = "PATH")]
@@ -242,6 +246,8 @@ pub struct Bench {
     pub scale: Scale,
     /// `--batch-size`, if given.
     pub batch_size: Option<u32>,
+    /// `--batch-time`, if given.
+    pub batch_time: Option<String>,
     /// `--daemon-env`.
     pub daemon_env: Vec<(String, String)>,
     /// `--baseline-binary`.
@@ -576,6 +582,7 @@ async fn run(args: Args) -> Result<()> {
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tombstoned"))),
         scale,
         batch_size: args.batch_size,
+        batch_time: args.batch_time,
         daemon_env: args
             .daemon_env
             .iter()

@@ -23,6 +23,7 @@ use super::history::ProgressCell;
 use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
 use super::lease::Lease;
 use super::report::{RunOutcome, RunReport, StopReason};
+use super::sizing::BatchSizer;
 use super::throttle::{self, ReplicaLag, ThrottleReason, LAG_POLL_INTERVAL};
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, OnLocked};
@@ -199,6 +200,8 @@ pub(super) struct Engine<'a> {
     lock_timeout: String,
     statement_timeout: String,
     committed_batches: u64,
+    /// The next batch's size (`cleanup.batch_size`, or following `cleanup.batch_time`).
+    sizer: BatchSizer,
     renewal: Option<Renewal<'a>>,
     /// What committed so far, readable by the caller after a failure.
     progress: &'a ProgressCell,
@@ -265,6 +268,7 @@ impl<'a> Engine<'a> {
             lock_timeout: db::sql::duration_setting(cleanup.lock_timeout),
             statement_timeout: db::sql::duration_setting(cleanup.statement_timeout),
             committed_batches: 0,
+            sizer: BatchSizer::new(cleanup.batch_size, cleanup.batch_time),
             renewal,
             progress,
             batch_durations: Vec::new(),
@@ -365,6 +369,7 @@ impl<'a> Engine<'a> {
         )
         .await?;
         let waits = self.cleanup.on_locked == OnLocked::Wait;
+        self.sizer.restart();
 
         let mut result = PhaseResult::default();
         let mut work = VecDeque::from([(range, PassKind::Main)]);
@@ -653,14 +658,16 @@ impl<'a> Engine<'a> {
         pass: &Pass,
     ) -> Result<BatchResult, CleanupError> {
         let mut attempt = 0;
+        let size = self.sizer.next();
         loop {
             attempt += 1;
             let began = Instant::now();
-            let result = self.transaction(statement, bound, pass).await;
+            let result = self.transaction(statement, bound, pass, size).await;
             let took = began.elapsed();
             self.batch_durations.push(took);
             match result {
                 Ok(rows) => {
+                    self.sizer.committed(size, rows.picked, took);
                     self.committed_batches += 1;
                     self.rows_changed += rows.changed;
                     if let Some(team) = self.team {
@@ -680,6 +687,7 @@ impl<'a> Engine<'a> {
                     }
                     tracing::debug!(
                         ?phase,
+                        size,
                         picked = rows.picked,
                         changed = rows.changed,
                         passed_over = rows.passed_over,
@@ -747,8 +755,9 @@ impl<'a> Engine<'a> {
         statement: &Ready,
         bound: Key,
         pass: &Pass,
+        size: u32,
     ) -> Result<BatchRows, DbError> {
-        let limit = i64::from(self.cleanup.batch_size);
+        let limit = i64::from(size);
         let from = pass.cursor();
         let to = pass.to();
         let settings: [&dyn Param; 2] = [&self.lock_timeout, &self.statement_timeout];

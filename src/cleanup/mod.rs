@@ -23,7 +23,7 @@
 //! stands in its index), `dry_run`, `lease` ([`Lease`], the single-runner lease row), `history`
 //! ([`RecordedRun`], the `cleanup_runs` table), `throttle` (the replica-lag and rate limits on a
 //! run's pace: [`ReplicaLag`], [`rate_wait`]), `workers` (a run's tombstoning split between
-//! `cleanup.workers` sessions) and [`sql`] (every statement). Nothing
+//! `cleanup.workers` sessions), `sizing` (each batch's size, `cleanup.batch_time`) and [`sql`] (every statement). Nothing
 //! here prints: the CLI renders reports, the scheduler and the CLI report failures. When runs
 //! happen is [`crate::scheduler`]'s business.
 
@@ -34,6 +34,7 @@ mod keyset;
 mod lease;
 mod report;
 mod run;
+mod sizing;
 pub mod sql;
 mod throttle;
 mod workers;

@@ -57,7 +57,14 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
         "cleanup: {}, batches of {}, lock_timeout {}, statement_timeout {}, on_locked {}, \
          max_run_time {}",
         if c.enabled { "enabled" } else { "disabled" },
-        c.batch_size,
+        c.batch_time.map_or_else(
+            || c.batch_size.to_string(),
+            |target| format!(
+                "{} rows at first, then sized to take about {} each (batch_time)",
+                c.batch_size,
+                humantime::format_duration(target)
+            )
+        ),
         humantime::format_duration(c.lock_timeout),
         humantime::format_duration(c.statement_timeout),
         c.on_locked.as_str(),

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::schedule::Schedule;
 use crate::settings::{
-    byte_size_text, duration, duration_text, in_range, integer, optional_byte_size, positive,
-    timeout, ConfigError, Problems,
+    byte_size_text, duration, duration_text, in_range, integer, optional_byte_size,
+    optional_duration_text, positive, timeout, ConfigError, Problems,
 };
 
 /// What a cleanup batch does with a row another transaction has locked.
@@ -39,8 +39,14 @@ pub struct CleanupConfig {
     pub enabled: bool,
     /// When runs fire (UTC). Default: `*/5 * * * *`. Reload: applied (next fire time).
     pub schedule: Schedule,
-    /// Rows per batch transaction. Default: 1000. Reload: applied.
+    /// Rows per batch transaction; with `batch_time`, the first batch's. Default: 1000.
+    /// Reload: applied.
     pub batch_size: u32,
+    /// `None` keeps every batch at `batch_size`; a duration aims each batch transaction (its
+    /// lock hold) at that long: the next batch takes as many rows as the measured time per row
+    /// says fit in it, at most twice the last batch's and at most [`MAX_BATCH_SIZE`].
+    /// Default: `off`. Reload: applied (next run).
+    pub batch_time: Option<Duration>,
     /// How long a batch waits for a row lock (FOR SHARE replay readers).
     /// Default: 5s. Reload: applied.
     pub lock_timeout: Duration,
@@ -67,6 +73,10 @@ pub struct CleanupConfig {
     pub workers: u32,
 }
 
+/// The most rows one batch takes: the top of `cleanup.batch_size`'s range, and the ceiling a batch
+/// sized by `cleanup.batch_time` grows to.
+pub const MAX_BATCH_SIZE: u32 = 100_000;
+
 /// The most `cleanup.workers` a run may use: each is a database session of its own (on top of
 /// the run's own session and `database.pool_size`), and beyond the server's cores more sessions
 /// only contend for them.
@@ -82,6 +92,7 @@ impl Default for CleanupConfig {
             schedule: Schedule::parse(DEFAULT_CLEANUP_SCHEDULE)
                 .expect("the built-in default schedule parses (a unit test checks it)"),
             batch_size: 1000,
+            batch_time: None,
             lock_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
             on_locked: OnLocked::Wait,
@@ -101,6 +112,8 @@ pub(super) struct RawCleanup {
     enabled: bool,
     schedule: String,
     batch_size: i64,
+    // "off" or a duration such as "50ms".
+    batch_time: String,
     lock_timeout: String,
     statement_timeout: String,
     // A string, validated below: a parse error would not be allowed to quote the value.
@@ -130,6 +143,7 @@ impl Default for RawCleanup {
             enabled: d.enabled,
             schedule: d.schedule.expression().to_owned(),
             batch_size: integer(d.batch_size),
+            batch_time: optional_duration_text(d.batch_time),
             lock_timeout: duration_text(d.lock_timeout),
             statement_timeout: duration_text(d.statement_timeout),
             on_locked: d.on_locked.as_str().to_owned(),
@@ -166,6 +180,15 @@ fn optional_limit<T: TryFrom<i64>>(
     in_range(key, n, min, max).map(Some)
 }
 
+/// `"off"`, or a duration of at least 1 ms.
+fn optional_timeout(key: &'static str, text: &str) -> Result<Option<Duration>, ConfigError> {
+    if text.trim().eq_ignore_ascii_case("off") {
+        Ok(None)
+    } else {
+        timeout(key, text).map(Some)
+    }
+}
+
 fn on_locked(text: &str) -> Result<OnLocked, ConfigError> {
     match text {
         "wait" => Ok(OnLocked::Wait),
@@ -200,8 +223,17 @@ pub(super) fn validate(cleanup: RawCleanup, p: &mut Problems) -> CleanupConfig {
             d.schedule,
         ),
         batch_size: p.take(
-            in_range("cleanup.batch_size", cleanup.batch_size, 1, 100_000),
+            in_range(
+                "cleanup.batch_size",
+                cleanup.batch_size,
+                1,
+                i64::from(MAX_BATCH_SIZE),
+            ),
             d.batch_size,
+        ),
+        batch_time: p.take(
+            optional_timeout("cleanup.batch_time", &cleanup.batch_time),
+            None,
         ),
         lock_timeout,
         statement_timeout,
@@ -244,6 +276,19 @@ pub(super) fn validate(cleanup: RawCleanup, p: &mut Problems) -> CleanupConfig {
             d.workers,
         ),
     };
+    if let Some(batch_time) = cleanup.batch_time.filter(|_| timeouts_ok) {
+        if batch_time >= cleanup.statement_timeout {
+            p.push(ConfigError::Invalid {
+                key: "cleanup.batch_time",
+                reason: format!(
+                    "{} must be shorter than cleanup.statement_timeout ({}): a batch aimed at \
+                     the statement timeout would be cancelled by it",
+                    humantime::format_duration(batch_time),
+                    humantime::format_duration(cleanup.statement_timeout)
+                ),
+            });
+        }
+    }
     if timeouts_ok && cleanup.lock_timeout >= cleanup.statement_timeout {
         p.push(ConfigError::Invalid {
             key: "cleanup.lock_timeout",

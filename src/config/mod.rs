@@ -26,7 +26,7 @@ mod reload;
 mod retention;
 
 pub use self::api::{ApiConfig, SUPPORTED_API_VERSIONS};
-pub use self::cleanup::{CleanupConfig, OnLocked, MAX_CLEANUP_WORKERS};
+pub use self::cleanup::{CleanupConfig, OnLocked, MAX_BATCH_SIZE, MAX_CLEANUP_WORKERS};
 pub use self::merge::{DatabaseUrlOrigin, Override};
 pub use self::metrics::MetricsConfig;
 pub(crate) use self::outbox::redacted_endpoint;

@@ -45,6 +45,7 @@ fn shipped_example_is_valid_and_matches_the_defaults() {
     assert_eq!(c.database.schema, "tombstoned");
     assert_eq!(c.database.pool_size, 16);
     assert_eq!(c.cleanup.batch_size, 1000);
+    assert_eq!(c.cleanup.batch_time, None);
     assert_eq!(c.cleanup.schedule.expression(), "*/5 * * * *");
     assert_eq!(c.retention.replay_window, Duration::from_secs(24 * 3600));
     assert_eq!(c.retention.purge_tombstones_after, None);
@@ -172,6 +173,23 @@ fn unknown_keys_are_errors_naming_the_key() {
 }
 
 #[test]
+fn batch_time_is_off_or_a_duration_from_any_source() {
+    let f = file("[cleanup]\nbatch_time = \"50ms\"\n");
+    let c = Config::load_from(Some(f.path()), env(&[]), &[]).unwrap();
+    assert_eq!(c.cleanup.batch_time, Some(Duration::from_millis(50)));
+    let c = Config::load_from(
+        Some(f.path()),
+        env(&[("TOMBSTONED_CLEANUP__BATCH_TIME", "OFF")]),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.cleanup.batch_time, None,
+        "env beats file, \"off\" in any case"
+    );
+}
+
+#[test]
 fn bad_values_are_named() {
     let cases = [
         (
@@ -186,6 +204,12 @@ fn bad_values_are_named() {
         ),
         ("[cleanup]\nschedule = \"* * * * 9\"\n", "cleanup.schedule"),
         ("[cleanup]\nbatch_size = 0\n", "cleanup.batch_size"),
+        ("[cleanup]\nbatch_time = \"0s\"\n", "cleanup.batch_time"),
+        ("[cleanup]\nbatch_time = \"quick\"\n", "cleanup.batch_time"),
+        (
+            "[cleanup]\nbatch_time = \"30s\"\n",
+            "must be shorter than cleanup.statement_timeout",
+        ),
         ("[cleanup]\non_locked = \"maybe\"\n", "maybe"),
         (
             "[retention]\npurge_tombstones_after = \"never\"\n",
@@ -264,6 +288,9 @@ fn one_change_per_key() -> Vec<Change> {
             c.cleanup.schedule = Schedule::parse("0 * * * *").unwrap()
         }),
         ("cleanup.batch_size", |c| c.cleanup.batch_size = 7),
+        ("cleanup.batch_time", |c| {
+            c.cleanup.batch_time = Some(Duration::from_millis(50))
+        }),
         ("cleanup.history_runs", |c| c.cleanup.history_runs = 3),
         ("cleanup.max_replica_lag", |c| {
             c.cleanup.max_replica_lag = Some(1 << 20)

@@ -801,6 +801,37 @@ async fn run_limits_stop_early_and_report_the_backlog() {
     assert_eq!(report.outcome, RunOutcome::Success);
 }
 
+/// `cleanup.batch_time`: each batch is sized from the time per row the run's batches took —
+/// growing at most twofold per batch while they take far less than the target, shrinking when
+/// they take more — and every due row is still tombstoned once.
+#[tokio::test]
+async fn batch_time_sizes_each_batch_from_the_measured_time_per_row() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    seed_live(&client, "grow", 3000, DUE).await;
+    // A batch of a few hundred rows takes milliseconds, far under 20 s: each batch doubles,
+    // 100 + 200 + 400 + 800 + 1500 (of 1600) = 3000 in 5 batches, where batch_size alone takes 30.
+    let report = run(&db.config_with(&[
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "100"),
+        ("TOMBSTONED_CLEANUP__BATCH_TIME", "20s"),
+    ]))
+    .await;
+    assert_eq!((report.rows_tombstoned, report.batches), (3000, 5));
+    assert_eq!(report.outcome, RunOutcome::Success);
+
+    seed_live(&client, "shrink", 2000, DUE).await;
+    // Tombstoning 1000 rows takes milliseconds, far over 1 ms: the next batch takes a fraction
+    // of 1000 rows, so the 2000 take more than the 2 batches batch_size alone would.
+    let report = run(&db.config_with(&[
+        ("TOMBSTONED_CLEANUP__BATCH_SIZE", "1000"),
+        ("TOMBSTONED_CLEANUP__BATCH_TIME", "1ms"),
+    ]))
+    .await;
+    assert_eq!(report.rows_tombstoned, 2000);
+    assert!(report.batches > 2, "{} batches", report.batches);
+    assert_eq!(counts(&client).await, (5000, 0));
+}
+
 /// Losing the connection fails the run with a typed, classified error; the next run reconnects.
 #[tokio::test]
 async fn connection_loss_fails_the_run_cleanly_and_the_next_run_reconnects() {
