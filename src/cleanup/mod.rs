@@ -23,9 +23,9 @@
 //! stands in its index), `dry_run`, `lease` ([`Lease`], the single-runner lease row), `history`
 //! ([`RecordedRun`], the `cleanup_runs` table), `throttle` (the replica-lag and rate limits on a
 //! run's pace: [`ReplicaLag`], [`rate_wait`]), `workers` (a run's tombstoning split between
-//! `cleanup.workers` sessions), `sizing` (each batch's size, `cleanup.batch_time`) and [`sql`] (every statement). Nothing
-//! here prints: the CLI renders reports, the scheduler and the CLI report failures. When runs
-//! happen is [`crate::scheduler`]'s business.
+//! `cleanup.workers` sessions), `sizing` (each batch's size, `cleanup.batch_time`) and [`sql`]
+//! (every statement). Nothing here prints: the CLI renders reports, the scheduler and the CLI
+//! report failures. When runs happen is [`crate::scheduler`]'s business.
 
 mod dry_run;
 mod engine;

@@ -233,7 +233,7 @@ pub(super) fn validate(cleanup: RawCleanup, p: &mut Problems) -> CleanupConfig {
         ),
         batch_time: p.take(
             optional_timeout("cleanup.batch_time", &cleanup.batch_time),
-            None,
+            d.batch_time,
         ),
         lock_timeout,
         statement_timeout,
