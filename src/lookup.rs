@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use crate::db::Pool;
 use chrono::{DateTime, SecondsFormat, Utc};
-use deadpool_postgres::Pool;
 use serde::Serialize;
 use uuid::Uuid;
 

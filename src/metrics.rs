@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use deadpool_postgres::Pool;
+use crate::db::Pool;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{

@@ -85,7 +85,7 @@ pub use sql::STATEMENTS;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
+use crate::db::Pool;
 use uuid::Uuid;
 
 use crate::config::DatabaseConfig;

@@ -13,6 +13,7 @@ mod error;
 mod error_text;
 pub mod migrations;
 pub mod pipeline;
+pub mod pooled;
 pub mod pooler;
 mod session;
 pub mod settings;
@@ -24,6 +25,7 @@ pub use error::{
     classify, sqlstate_class, violated_constraint, DbError, ErrorClass, LEASE_LOST, WRONG_ISOLATION,
 };
 pub use error_text::error_text;
+pub use pooled::{Object, Pool, PooledSession};
 pub use pooler::Pooler;
 pub use session::Session;
 pub use settings::{DatabaseConfig, DatabaseUrl};
@@ -31,7 +33,9 @@ pub use statement::{Conn, Param};
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{ManagerConfig, RecyclingMethod, Runtime};
+
+use pooled::SessionManager;
 
 /// The startup parameters for one purpose: the connection string's, plus our
 /// `application_name` (visible in `pg_stat_activity`), and the connect timeout and keepalives
@@ -117,7 +121,7 @@ pub fn pool(
     let create = connector
         .worst_case()
         .saturating_add(Duration::from_millis(500));
-    let manager = Manager::from_connect(
+    let manager = SessionManager::new(
         pg_config(db, purpose),
         connector,
         ManagerConfig {
@@ -139,8 +143,8 @@ pub fn pool(
 /// Takes a pooled connection out of circulation after an error: nobody can tell what state an
 /// unexpected error (or a lost connection) left its session in, so it is closed instead of being
 /// handed to the next request. (A dedicated [`Session`] is discarded by dropping it.)
-pub fn discard(client: deadpool_postgres::Object) {
-    drop(deadpool_postgres::Object::take(client));
+pub fn discard(client: Object) {
+    drop(Object::take(client));
 }
 
 /// Closes every idle connection of `pool` (those in use are judged by their own calls); returns

@@ -22,8 +22,8 @@
 //! skipped and the COMMIT ends the transaction as a ROLLBACK: a batch commits only while its run
 //! holds the lease, still in one round trip.
 //!
-//! The statements come ready ([`Ready`]): the caller chooses how (the claim through the pool's
-//! statement cache, [`prepare`]; a cleanup run once per run), so with named statements each
+//! The statements come ready ([`Ready`]): the caller chooses how (the claim from the statements
+//! its pooled session keeps, [`prepare`]; a cleanup run once per run), so with named statements each
 //! transaction is four Bind/Execute/Sync messages and no Parse.
 
 use std::future::Future;
@@ -174,8 +174,8 @@ impl Pipelined<'_> {
     }
 }
 
-/// BEGIN, `settings`, `statement` and COMMIT made ready on `conn` ([`Conn::ready`]: from the
-/// connection's statement cache, those not cached yet prepared in one round trip; or unnamed),
+/// BEGIN, `settings`, `statement` and COMMIT made ready on `conn` ([`Conn::ready`]: kept by the
+/// pooled session, those not kept yet prepared in one round trip; or unnamed),
 /// in that order.
 pub async fn prepare(
     conn: &Conn<'_>,

@@ -11,7 +11,7 @@
 //!
 //! Named statements are used only where they pay, and never through a transaction pooler
 //! ([`Pooler::keeps_prepared_statements`]): on the API's pooled connections, each statement
-//! prepared once per connection and cached ([`Conn::pooled`]); and where a caller keeps a
+//! prepared once per connection and kept with it ([`Conn::pooled`], [`super::pooled`]); and where a caller keeps a
 //! statement for many executions on its own session ([`Conn::prepare`]: a cleanup run's batch
 //! statements). Anything else is sent unnamed — one round trip, where preparing a statement to
 //! run it once costs two and a third message to close it.
@@ -21,8 +21,8 @@
 //! parameter tombstoned uses is a built-in type (text, integers, bool, bytea, uuid, uuid[],
 //! timestamptz, float8[], jsonb); the pooler tests check `pg_prepared_statements` on every server connection.
 
+use super::pooled::{PooledSession, Prepared};
 use chrono::{DateTime, Utc};
-use deadpool_postgres::{ClientWrapper, StatementCache};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
@@ -107,8 +107,8 @@ enum Naming<'a> {
     Unnamed,
     /// Unnamed, except what the caller prepares to keep ([`Conn::prepare`]).
     PrepareOnRequest,
-    /// Every statement prepared once per connection and kept in the connection's cache.
-    Cached(&'a StatementCache),
+    /// Every statement prepared once per connection and kept with it.
+    Cached(&'a Prepared),
 }
 
 /// A session, the schema its statements name, and how statements are sent on it (see the module
@@ -122,16 +122,16 @@ pub struct Conn<'a> {
 }
 
 impl<'a> Conn<'a> {
-    /// A connection of the API's pool: statements prepared once per connection and cached, or,
-    /// through a transaction pooler, unnamed.
-    pub fn pooled(client: &'a ClientWrapper, schema: &'a str, pooler: Pooler) -> Self {
+    /// A connection of the API's pool: statements prepared once per connection and kept with it,
+    /// or, through a transaction pooler, unnamed.
+    pub fn pooled(session: &'a PooledSession, schema: &'a str, pooler: Pooler) -> Self {
         let naming = if pooler.keeps_prepared_statements() {
-            Naming::Cached(&client.statement_cache)
+            Naming::Cached(session.prepared())
         } else {
             Naming::Unnamed
         };
         Conn {
-            client,
+            client: session,
             schema,
             pooler,
             naming,
@@ -184,9 +184,9 @@ impl<'a> Conn<'a> {
     ) -> Result<Ready, tokio_postgres::Error> {
         let text = self.text(template);
         match self.naming {
-            Naming::Cached(cache) => Ok(Ready::named(
+            Naming::Cached(prepared) => Ok(Ready::named(
                 text,
-                cache.prepare_typed(self.client, text, types).await?,
+                prepared.get_or_prepare(self.client, text, types).await?,
             )),
             Naming::Unnamed | Naming::PrepareOnRequest => Ok(Ready::unnamed(text, types)),
         }
@@ -270,24 +270,30 @@ impl<'a> Conn<'a> {
 #[derive(Debug, Clone)]
 pub struct Ready {
     text: &'static str,
-    types: Vec<Type>,
-    named: Option<Statement>,
+    form: Form,
+}
+
+/// How a [`Ready`] statement is sent.
+#[derive(Debug, Clone)]
+enum Form {
+    /// Prepared on its session (it knows its parameter types).
+    Named(Statement),
+    /// Sent whole each time, with these parameter types.
+    Unnamed(Vec<Type>),
 }
 
 impl Ready {
     fn named(text: &'static str, statement: Statement) -> Self {
         Ready {
             text,
-            types: statement.params().to_vec(),
-            named: Some(statement),
+            form: Form::Named(statement),
         }
     }
 
     fn unnamed(text: &'static str, types: &[Type]) -> Self {
         Ready {
             text,
-            types: types.to_vec(),
-            named: None,
+            form: Form::Unnamed(types.to_vec()),
         }
     }
 
@@ -298,17 +304,17 @@ impl Ready {
 
     /// Whether this is a named prepared statement.
     pub fn is_named(&self) -> bool {
-        self.named.is_some()
+        matches!(self.form, Form::Named(_))
     }
 
     /// The parameters as the driver takes them for an unnamed statement, each with its type (the
     /// declared one; the value's own for any beyond, which the server then refuses by count).
-    fn typed<'p>(&self, params: &[&'p dyn Param]) -> Vec<(&'p (dyn ToSql + Sync), Type)> {
+    fn typed<'p>(types: &[Type], params: &[&'p dyn Param]) -> Vec<(&'p (dyn ToSql + Sync), Type)> {
         params
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let ty = self.types.get(i).cloned().unwrap_or_else(|| p.param_type());
+                let ty = types.get(i).cloned().unwrap_or_else(|| p.param_type());
                 (p.as_sql(), ty)
             })
             .collect()
@@ -324,9 +330,13 @@ impl Ready {
         client: &Client,
         params: &[&dyn Param],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        match &self.named {
-            Some(statement) => client.query(statement, &Self::values(params)).await,
-            None => client.query_typed(self.text, &self.typed(params)).await,
+        match &self.form {
+            Form::Named(statement) => client.query(statement, &Self::values(params)).await,
+            Form::Unnamed(types) => {
+                client
+                    .query_typed(self.text, &Self::typed(types, params))
+                    .await
+            }
         }
     }
 
@@ -336,9 +346,13 @@ impl Ready {
         client: &Client,
         params: &[&dyn Param],
     ) -> Result<Row, tokio_postgres::Error> {
-        match &self.named {
-            Some(statement) => client.query_one(statement, &Self::values(params)).await,
-            None => client.query_typed_one(self.text, &self.typed(params)).await,
+        match &self.form {
+            Form::Named(statement) => client.query_one(statement, &Self::values(params)).await,
+            Form::Unnamed(types) => {
+                client
+                    .query_typed_one(self.text, &Self::typed(types, params))
+                    .await
+            }
         }
     }
 
@@ -348,9 +362,13 @@ impl Ready {
         client: &Client,
         params: &[&dyn Param],
     ) -> Result<Option<Row>, tokio_postgres::Error> {
-        match &self.named {
-            Some(statement) => client.query_opt(statement, &Self::values(params)).await,
-            None => client.query_typed_opt(self.text, &self.typed(params)).await,
+        match &self.form {
+            Form::Named(statement) => client.query_opt(statement, &Self::values(params)).await,
+            Form::Unnamed(types) => {
+                client
+                    .query_typed_opt(self.text, &Self::typed(types, params))
+                    .await
+            }
         }
     }
 
@@ -360,9 +378,13 @@ impl Ready {
         client: &Client,
         params: &[&dyn Param],
     ) -> Result<u64, tokio_postgres::Error> {
-        match &self.named {
-            Some(statement) => client.execute(statement, &Self::values(params)).await,
-            None => client.execute_typed(self.text, &self.typed(params)).await,
+        match &self.form {
+            Form::Named(statement) => client.execute(statement, &Self::values(params)).await,
+            Form::Unnamed(types) => {
+                client
+                    .execute_typed(self.text, &Self::typed(types, params))
+                    .await
+            }
         }
     }
 }

@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use deadpool_postgres::Pool;
+use crate::db::Pool;
 use governor::{DefaultKeyedRateLimiter, Quota};
 use tokio_util::task::TaskTracker;
 

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::Pool;
+use crate::db::Pool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -15,12 +15,12 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
-use deadpool_postgres::Pool;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
+use tombstoned::db::Pool;
 use uuid::Uuid;
 
 use crate::harness::TestDb;

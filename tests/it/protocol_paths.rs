@@ -15,13 +15,13 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tombstoned::claim::{
     self, ClaimOutcome, ClaimRequest, ClaimSettings, Decision, OPERATION_CREATE_ORDER,
 };
 use tombstoned::config::Config;
+use tombstoned::db::Pool;
 use tombstoned::fingerprint::Fingerprint;
 use tombstoned::money::Currency;
 use tombstoned::order_request::OrderRequest;
