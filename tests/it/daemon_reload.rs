@@ -28,7 +28,8 @@ async fn reloaded_entry(daemon: &Daemon) -> Value {
 
 async fn stop(mut daemon: Daemon) {
     daemon.signal(Signal::SIGTERM);
-    assert_eq!(daemon.wait_exit(PATIENCE).await.code(), Some(0));
+    let status = daemon.wait_exit(PATIENCE).await;
+    assert_eq!(status.code(), Some(0), "{}", daemon.log());
 }
 
 #[tokio::test]
