@@ -86,8 +86,7 @@ async fn the_longest_accepted_retention_claims_replays_reads_and_cleans_up() {
         .await
         .unwrap();
     assert_eq!(status.status(), 200, "{}", status.text().await.unwrap());
-    daemon.signal(Signal::SIGTERM);
-    assert_eq!(daemon.wait_exit(PATIENCE).await.code(), Some(0));
+    daemon.stop().await;
 
     // A one-shot cleanup run computes its purge bound (now() - 5000 years) and finishes.
     let dir = tempfile::tempdir().unwrap();
@@ -204,8 +203,7 @@ async fn sighup_with_a_broken_config_or_tokens_file_logs_where_never_the_secret(
         .await
         .expect(201);
 
-    daemon.signal(Signal::SIGTERM);
-    assert_eq!(daemon.wait_exit(PATIENCE).await.code(), Some(0));
+    daemon.stop().await;
     let log = daemon.log();
     for secret in [PASSWORD, RAW_TOKEN] {
         assert!(!log.contains(secret), "{secret} in the log:\n{log}");

@@ -162,8 +162,7 @@ async fn watchdog_meant_for_another_process_is_not_pinged() {
     until_ready(&mut daemon, &notify).await;
     let window = notify.collect(Duration::from_millis(2500)).await;
     assert!(pings(&window).is_empty(), "{window:#?}");
-    daemon.signal(Signal::SIGTERM);
-    assert_eq!(daemon.wait_exit(PATIENCE).await.code(), Some(0));
+    daemon.stop().await;
 }
 
 #[tokio::test]
@@ -276,8 +275,7 @@ async fn watchdog_rides_out_a_short_database_outage_withholds_pings_in_a_long_on
     assert!(resumed_after < Duration::from_secs(5), "{resumed_after:?}");
     daemon.wait_for_log(&["watchdog pings resumed"]).await;
 
-    daemon.signal(Signal::SIGTERM);
-    assert_eq!(daemon.wait_exit(PATIENCE).await.code(), Some(0));
+    daemon.stop().await;
     tokio::task::spawn_blocking(move || drop(cluster))
         .await
         .unwrap();
@@ -642,8 +640,7 @@ async fn sighup_reloads_tokens_and_cleanup_settings_and_an_invalid_file_keeps_th
     assert_eq!(daemon.ops_get("/readyz").await.status, 200);
 
     let mut daemon = daemon;
-    daemon.signal(Signal::SIGTERM);
-    assert_eq!(daemon.wait_exit(PATIENCE).await.code(), Some(0));
+    daemon.stop().await;
 
     // Every line is a JSON object; batch detail stays below info; no secrets or keys.
     let log = daemon.log();

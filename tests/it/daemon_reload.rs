@@ -4,7 +4,7 @@
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::daemon_support::{Daemon, Spec, PATIENCE};
+use crate::daemon_support::{Daemon, Spec};
 use crate::harness::TestDb;
 
 async fn json_daemon(db: &TestDb) -> Daemon {
@@ -26,16 +26,10 @@ async fn reloaded_entry(daemon: &Daemon) -> Value {
     serde_json::from_str(&line).unwrap()
 }
 
-async fn stop(mut daemon: Daemon) {
-    daemon.signal(Signal::SIGTERM);
-    let status = daemon.wait_exit(PATIENCE).await;
-    assert_eq!(status.code(), Some(0), "{}", daemon.log());
-}
-
 #[tokio::test]
 async fn a_reload_refused_for_a_missing_file_logs_the_reason() {
     let db = TestDb::new().await;
-    let daemon = json_daemon(&db).await;
+    let mut daemon = json_daemon(&db).await;
     std::fs::remove_file(&daemon.config_path).unwrap();
     daemon.signal(Signal::SIGHUP);
     let line = daemon
@@ -48,13 +42,13 @@ async fn a_reload_refused_for_a_missing_file_logs_the_reason() {
         "the I/O reason is missing: {line}"
     );
     assert_eq!(daemon.ops_get("/readyz").await.status, 200);
-    stop(daemon).await;
+    daemon.stop().await;
 }
 
 #[tokio::test]
 async fn a_reload_names_the_changed_settings_that_need_a_restart() {
     let db = TestDb::new().await;
-    let daemon = json_daemon(&db).await;
+    let mut daemon = json_daemon(&db).await;
     daemon.rewrite_config("[database]\npool_size = 3\n[cleanup]\nbatch_size = 7");
     daemon.signal(Signal::SIGHUP);
     let entry = reloaded_entry(&daemon).await;
@@ -71,7 +65,7 @@ async fn a_reload_names_the_changed_settings_that_need_a_restart() {
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert_eq!(warnings[0]["level"], "WARN");
     assert_eq!(warnings[0]["keys"], "database.pool_size", "{warnings:?}");
-    stop(daemon).await;
+    daemon.stop().await;
 }
 
 /// A SIGHUP whose tokens file is broken: the ERROR, then a last line that says what was applied
@@ -79,7 +73,7 @@ async fn a_reload_names_the_changed_settings_that_need_a_restart() {
 #[tokio::test]
 async fn a_reload_with_a_broken_tokens_file_says_what_was_and_was_not_applied() {
     let db = TestDb::new().await;
-    let daemon = json_daemon(&db).await;
+    let mut daemon = json_daemon(&db).await;
     daemon.rewrite_config("[cleanup]\nbatch_size = 7");
     std::fs::write(&daemon.tokens_path, "[[token]]\nsha256 = 3\n").unwrap();
     daemon.signal(Signal::SIGHUP);
@@ -92,18 +86,18 @@ async fn a_reload_with_a_broken_tokens_file_says_what_was_and_was_not_applied() 
     assert!(text("not_applied").contains("api."), "{entry}");
     assert!(text("not_applied").contains("tokens"), "{entry}");
     assert_eq!(daemon.ops_get("/readyz").await.status, 200);
-    stop(daemon).await;
+    daemon.stop().await;
 }
 
 /// A clean reload stays one INFO line, naming nothing left out.
 #[tokio::test]
 async fn a_clean_reload_is_one_info_line() {
     let db = TestDb::new().await;
-    let daemon = json_daemon(&db).await;
+    let mut daemon = json_daemon(&db).await;
     daemon.rewrite_config("[cleanup]\nbatch_size = 7");
     daemon.signal(Signal::SIGHUP);
     let entry = reloaded_entry(&daemon).await;
     assert_eq!(entry["level"], "INFO", "{entry}");
     assert!(entry.get("not_applied").is_none(), "{entry}");
-    stop(daemon).await;
+    daemon.stop().await;
 }

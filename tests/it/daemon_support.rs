@@ -209,6 +209,13 @@ impl Daemon {
         }
     }
 
+    /// SIGTERM, then exit status 0 within [`PATIENCE`]; fails with the log otherwise.
+    pub async fn stop(&mut self) {
+        self.signal(Signal::SIGTERM);
+        let status = self.wait_exit(PATIENCE).await;
+        assert_eq!(status.code(), Some(0), "{}", self.log());
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
