@@ -33,6 +33,7 @@ mod ops_server;
 mod ops_support;
 mod outbox;
 mod outbox_support;
+mod pipeline;
 mod pooled_sessions;
 mod pooler;
 mod pooler_support;
