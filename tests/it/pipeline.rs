@@ -29,12 +29,26 @@ async fn table(db: &TestDb) -> tokio_postgres::Client {
     client
 }
 
-async fn rows_in(client: &tokio_postgres::Client) -> i64 {
-    client
+/// The deferred constraint's error, reported as sent (the commit had gone out), and nothing of the
+/// transaction in the table.
+async fn rolled_back_at_commit(
+    failure: pipeline::PipelineFailure,
+    client: &tokio_postgres::Client,
+    pooler: Pooler,
+) {
+    assert_eq!(
+        failure.error.code(),
+        Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION),
+        "{:?}",
+        failure.error
+    );
+    assert!(failure.sent, "sent: it is the commit that failed");
+    let rows: i64 = client
         .query_one("SELECT count(*) FROM pipeline_t", &[])
         .await
         .unwrap()
-        .get(0)
+        .get(0);
+    assert_eq!(rows, 0, "rolled back whole ({pooler:?})");
 }
 
 #[tokio::test]
@@ -47,14 +61,7 @@ async fn a_statement_alone_reports_the_error_of_its_implicit_commit() {
         let failure = pipeline::alone(&conn, INSERT_TWICE, &[&7_i32])
             .await
             .expect_err("the implicit commit fails on the deferred constraint");
-        assert_eq!(
-            failure.error.code(),
-            Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION),
-            "{:?}",
-            failure.error
-        );
-        assert!(failure.sent, "sent: it is the commit that failed");
-        assert_eq!(rows_in(&client).await, 0, "rolled back whole ({pooler:?})");
+        rolled_back_at_commit(failure, &client, pooler).await;
         // The session is usable again (idle, not in a failed transaction).
         let ok = pipeline::alone(&conn, INSERT_ONCE, &[&8_i32])
             .await
@@ -73,13 +80,6 @@ async fn a_pipelined_transaction_reports_the_error_of_its_commit() {
         let failure = pipeline::query(&conn, SETTINGS, &[&"1s"], INSERT_TWICE, &[&7_i32])
             .await
             .expect_err("the COMMIT fails on the deferred constraint");
-        assert_eq!(
-            failure.error.code(),
-            Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION),
-            "{:?}",
-            failure.error
-        );
-        assert!(failure.sent);
-        assert_eq!(rows_in(&client).await, 0, "rolled back whole ({pooler:?})");
+        rolled_back_at_commit(failure, &client, pooler).await;
     }
 }
