@@ -15,12 +15,14 @@ settings, the lease renewal, COMMIT, planning, messages, the process).
 
     examples/setup     # once: the examples' Python venv, with psycopg
     examples/python-payments/.venv/bin/python bench/batch_profile.py \\
-        postgresql://postgres@127.0.0.1:5432/postgres target/release/tombstoned 5 [--perf]
+        postgresql://postgres@127.0.0.1:5432/postgres target/release/tombstoned 5 [--perf] [--grown]
 
 Arguments: the URL of a superuser's database on that cluster, the tombstoned binary,
 repetitions (5). --perf records every process on the machine with `perf record -e cpu-clock -a
 -g` during each run (no hardware counters needed) and prints, for the PostgreSQL processes, the
-symbols whose samples differ most between (a) and (b), summed over the repetitions. It creates
+symbols whose samples differ most between (a) and (b), summed over the repetitions. --grown
+keeps the indexes as the load's insertions grew them (by default they are rebuilt from sorted
+input after the load, as the benchmark's seed builds them). It creates
 and drops the databases batch_profile_tpl and batch_profile_run.
 """
 
@@ -79,7 +81,7 @@ def url_for(base, dbname):
     return make_conninfo(**params)
 
 
-def seed(base, binary):
+def seed(base, binary, grown):
     with psycopg.connect(base, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {RUN}")
         admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
@@ -89,9 +91,9 @@ def seed(base, binary):
     with psycopg.connect(url_for(base, TEMPLATE), autocommit=True) as c:
         c.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         c.execute(SEED)
-        # Built from sorted input, as the benchmark's seed builds them after its bulk load (leaves
-        # ~90 % full), not grown by the load's random insertions.
-        c.execute("REINDEX TABLE tombstoned.idempotency_records")
+        if not grown:
+            # Built from sorted input, as the benchmark's seed builds them after its bulk load.
+            c.execute("REINDEX TABLE tombstoned.idempotency_records")
         c.execute("VACUUM (FREEZE, ANALYZE) tombstoned.idempotency_records")
         size = c.execute(
             "SELECT pg_size_pretty(pg_total_relation_size('tombstoned.idempotency_records'))"
@@ -166,11 +168,11 @@ def trial(base, binary, kind, rep, workdir):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--perf"]
+    args = [a for a in sys.argv[1:] if a not in ("--perf", "--grown")]
     base, binary = args[0], args[1]
     reps = int(args[2]) if len(args) > 2 else 5
     workdir = tempfile.mkdtemp(prefix="batch-profile-") if "--perf" in sys.argv else None
-    seed(base, binary)
+    seed(base, binary, "--grown" in sys.argv)
     results = {"a": [], "b": []}
     symbols = {"a": Counter(), "b": Counter()}
     for rep in range(reps):
