@@ -22,8 +22,8 @@ repetitions (5). --perf records every process on the machine with `perf record -
 -g` during each run (no hardware counters needed) and prints, for the PostgreSQL processes, the
 symbols whose samples differ most between (a) and (b), summed over the repetitions. --grown
 keeps the indexes as the load's insertions grew them (by default they are rebuilt from sorted
-input after the load, as the benchmark's seed builds them). It creates
-and drops the databases batch_profile_tpl and batch_profile_run.
+input after the load, as the benchmark's seed builds them). It creates and drops the databases
+batch_profile_tpl and batch_profile_run.
 """
 
 import os
