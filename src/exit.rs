@@ -10,6 +10,8 @@ use std::process::ExitCode;
 pub enum Exit {
     /// 0
     Success = 0,
+    /// 1: `conformance` found a check failed.
+    ChecksFailed = 1,
     /// 2: `status --max-age` found cleanup stale (the last success too old, or none).
     Stale = 2,
     /// 64: bad usage or configuration.
@@ -28,8 +30,9 @@ pub enum Exit {
 
 impl Exit {
     /// Every status, in ascending order.
-    pub const ALL: [Exit; 7] = [
+    pub const ALL: [Exit; 8] = [
         Exit::Success,
+        Exit::ChecksFailed,
         Exit::Stale,
         Exit::Usage,
         Exit::Unavailable,
@@ -48,6 +51,11 @@ impl Exit {
                  the reader of standard output went away (`tombstoned check-config | head -1`): \
                  the command ends quietly."
             }
+            Exit::ChecksFailed => {
+                "`conformance`: at least one check failed; its `FAIL` line (with `--json`, its \
+                 check's `result`, `fail`) says what the rule expected and what the service \
+                 answered."
+            }
             Exit::Stale => {
                 "`status --max-age`: the last successful cleanup run finished longer ago than \
                  that, or no successful run is recorded (like a Nagios CRITICAL)."
@@ -57,13 +65,16 @@ impl Exit {
                  an unusable tokens file, a listen address that cannot be bound, an unusable \
                  webhook secret or CA file, `cleanup.max_replica_lag` for a role without \
                  `pg_monitor`; `outbox requeue` named an event that is not a dead letter; `demo \
-                 --config`. Restarting cannot fix it: the systemd unit does not retry it."
+                 --config`; `conformance` given a body that is not JSON, a header that is not \
+                 `Name: value`, a URL or duration it cannot use. Restarting cannot fix it: the \
+                 systemd unit does not retry it."
             }
             Exit::Unavailable => {
                 "The database is unavailable, or its schema is not current (EX_UNAVAILABLE): \
                  `serve` refuses to start, and `status`, `cleanup` and every `outbox` command \
                  refuse to run; run `tombstoned migrate`, or wait for the database. Also the demo \
-                 without PostgreSQL server binaries."
+                 without PostgreSQL server binaries, and `conformance` when its URL cannot be \
+                 reached at all (no connection)."
             }
             Exit::Software => "Internal error (EX_SOFTWARE).",
             Exit::TempFail => {
@@ -99,7 +110,7 @@ mod tests {
     #[test]
     fn all_lists_every_status_once_in_ascending_order() {
         let codes: Vec<i32> = Exit::ALL.iter().map(|e| e.code()).collect();
-        assert_eq!(codes, [0, 2, 64, 69, 70, 75, 130]);
+        assert_eq!(codes, [0, 1, 2, 64, 69, 70, 75, 130]);
         for exit in Exit::ALL {
             assert!(exit.meaning().ends_with('.'), "{exit:?}");
         }

@@ -22,7 +22,9 @@
 //!   [`ops`] — the metrics/health listener, readiness, the watchdog policy and the sd_notify
 //!   transport; [`outbox`] — the relay that delivers `outbox_events` as signed webhooks, at least
 //!   once, in order per order, with dead letters and requeue; [`status`] — what `tombstoned
-//!   status` reads (lease, run history, backlog, lag) in one read-only snapshot;
+//!   status` reads (lease, run history, backlog, lag) in one read-only snapshot; [`conformance`]
+//!   — `tombstoned conformance`: any HTTP endpoint checked from outside against the idempotency
+//!   contract, nine checks returning a typed report;
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
 //!   one error text, shared statements, [`db::migrations`], its own `[database]` section
 //!   ([`db::settings`]); [`config`] — the configuration validated into typed values, one file
@@ -52,6 +54,7 @@ pub mod claim;
 pub mod cleanup;
 pub mod cli;
 pub mod config;
+pub mod conformance;
 pub(crate) mod connections;
 pub(crate) mod daemon;
 pub mod db;

@@ -22,6 +22,9 @@ _tombstoned() {
             tombstoned,cleanup)
                 cmd="tombstoned__subcmd__cleanup"
                 ;;
+            tombstoned,conformance)
+                cmd="tombstoned__subcmd__conformance"
+                ;;
             tombstoned,demo)
                 cmd="tombstoned__subcmd__demo"
                 ;;
@@ -45,6 +48,9 @@ _tombstoned() {
                 ;;
             tombstoned__subcmd__help,cleanup)
                 cmd="tombstoned__subcmd__help__subcmd__cleanup"
+                ;;
+            tombstoned__subcmd__help,conformance)
+                cmd="tombstoned__subcmd__help__subcmd__conformance"
                 ;;
             tombstoned__subcmd__help,demo)
                 cmd="tombstoned__subcmd__help__subcmd__demo"
@@ -104,7 +110,7 @@ _tombstoned() {
 
     case "${cmd}" in
         tombstoned)
-            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config status demo outbox help"
+            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config status demo outbox conformance help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -177,6 +183,60 @@ _tombstoned() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        tombstoned__subcmd__conformance)
+            opts="-h --body --other-body --method --header --other-principal-header --key-header --key-optional --concurrency --expiry --json --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --body)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --other-body)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --method)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --header)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --other-principal-header)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key-header)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --concurrency)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --expiry)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         tombstoned__subcmd__demo)
             opts="-h --keep --replay-window --config --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -204,7 +264,7 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__help)
-            opts="serve cleanup migrate check-config status demo outbox help"
+            opts="serve cleanup migrate check-config status demo outbox conformance help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -232,6 +292,20 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__help__subcmd__cleanup)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__conformance)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

@@ -5,6 +5,7 @@
 
 mod check_config;
 mod cleanup;
+mod conformance;
 #[cfg(feature = "demo")]
 mod demo;
 pub mod generate;
@@ -75,6 +76,9 @@ pub enum Command {
     /// Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
+    /// Check that an HTTP endpoint keeps the idempotency contract: nine checks, one line each.
+    #[command(long_about = conformance::LONG_ABOUT)]
+    Conformance(conformance::ConformanceArgs),
     /// Write the man pages or the shell completions (for packagers; see `dist/`).
     #[command(hide = true)]
     Generate(generate::GenerateArgs),
@@ -237,8 +241,14 @@ fn driver_cap<S: tracing::Subscriber>() -> impl tracing_subscriber::Layer<S> {
 /// Classifies a failure into the documented exit status by the typed errors in its chain.
 pub fn exit_for(e: &anyhow::Error) -> Exit {
     for cause in e.chain() {
-        if cause.is::<ConfigError>() {
+        if cause.is::<ConfigError>() || cause.is::<crate::conformance::PlanError>() {
             return Exit::Usage;
+        }
+        if let Some(e) = cause.downcast_ref::<crate::conformance::ConformanceError>() {
+            return match e {
+                crate::conformance::ConformanceError::Unreachable { .. } => Exit::Unavailable,
+                crate::conformance::ConformanceError::Client(_) => Exit::Software,
+            };
         }
         if cause.is::<db::connect::ConnectError>() {
             return Exit::Unavailable;
@@ -373,6 +383,10 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         stdout::print(&written)?;
         return Ok(Exit::Success);
     }
+    // A client of any service: no configuration of ours is read.
+    if let Command::Conformance(args) = &cli.command {
+        return runtime()?.block_on(conformance::run(args));
+    }
     #[cfg(feature = "demo")]
     if let Command::Demo(args) = cli.command {
         // The demo makes its own configuration around a throwaway cluster: a --config would be
@@ -397,7 +411,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Status(args) => runtime()?.block_on(status::run(&config, &args)),
         #[cfg(feature = "demo")]
         Command::Demo(_) => unreachable!("handled above"),
-        Command::Generate(_) => unreachable!("handled above"),
+        Command::Generate(_) | Command::Conformance(_) => unreachable!("handled above"),
     }
 }
 
@@ -553,6 +567,20 @@ mod tests {
                 })
                 .context("checking cleanup.max_replica_lag"),
                 Exit::Usage,
+            ),
+            (
+                "conformance: a value it cannot use",
+                crate::conformance::PlanError::Concurrency("1".into()).into(),
+                Exit::Usage,
+            ),
+            (
+                "conformance: the URL cannot be reached",
+                crate::conformance::ConformanceError::Unreachable {
+                    url: "http://127.0.0.1:1/".into(),
+                    reason: "Connection refused".into(),
+                }
+                .into(),
+                Exit::Unavailable,
             ),
             ("anything else", anyhow::anyhow!("boom"), Exit::Software),
         ];

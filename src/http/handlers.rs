@@ -360,7 +360,12 @@ fn outcome_response(outcome: ClaimOutcome) -> Response {
                     .with("order_id", id.to_string())
                     .with("order_url", order_url(id));
             }
-            problem.into_response()
+            let mut response = problem.into_response();
+            // The first answer's Location again: where the business object is to be looked up.
+            if let Some(location) = order_id.and_then(|id| HeaderValue::from_str(&order_url(id)).ok()) {
+                response.headers_mut().insert(header::LOCATION, location);
+            }
+            response
         }
         ClaimOutcome::InProgress => Problem::new(
             ProblemType::RequestInProgress,

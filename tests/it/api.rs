@@ -200,6 +200,7 @@ pub(crate) async fn scenario_after_tombstoning(api: &TestApi) {
     assert_eq!(problem["order_url"], format!("/v1/orders/{order_id}"));
     assert!(problem.get("amount").is_none(), "no body after expiry");
     assert!(!again.replayed());
+    assert_eq!(again.header("location"), first.header("location"));
 
     let mut changed = order("req-1");
     changed["amount"] = json!("1.00");
