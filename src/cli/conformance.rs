@@ -179,8 +179,18 @@ mod tests {
             "POST".into(),
             vec![
                 check("first", Outcome::Pass, "a final answer", "201"),
-                check("replay", Outcome::Fail, "Idempotent-Replayed: true", "201 without it"),
-                check("scoped", Outcome::Skip, "never", "give --other-principal-header"),
+                check(
+                    "replay",
+                    Outcome::Fail,
+                    "Idempotent-Replayed: true",
+                    "201 without it",
+                ),
+                check(
+                    "scoped",
+                    Outcome::Skip,
+                    "never",
+                    "give --other-principal-header",
+                ),
             ],
             3,
         );

@@ -234,14 +234,18 @@ mod tests {
 
     #[test]
     fn a_template_is_json_once_its_placeholders_are_replaced() {
-        let template = Template::new(r#"{"request_id": "PR-{{uuid}}", "ref": "{{uuid}}"}"#).unwrap();
+        let template =
+            Template::new(r#"{"request_id": "PR-{{uuid}}", "ref": "{{uuid}}"}"#).unwrap();
         let id = Uuid::new_v4();
         let body = template.render(id);
         assert_eq!(body, template.render(id), "the same id, the same bytes");
         assert_eq!(body.matches(&id.to_string()).count(), 2, "{body}");
         assert_ne!(body, template.render(Uuid::new_v4()));
         assert!(Template::new("{\"a\": 1").is_err());
-        assert!(Template::new("{{uuid}}").is_err(), "a placeholder outside a string");
+        assert!(
+            Template::new("{{uuid}}").is_err(),
+            "a placeholder outside a string"
+        );
         assert!(Template::new("").is_err());
     }
 
@@ -287,12 +291,15 @@ mod tests {
             assert!(again.contains(kept), "{kept} in {again}");
         }
         // ...and whitespace inside every object and array, around every name and comma.
-        assert!(again.starts_with("\n{\n\t\"list\" : [\n\t\t3 ,\n\t\t2 ,"), "{again}");
+        assert!(
+            again.starts_with("\n{\n\t\"list\" : [\n\t\t3 ,\n\t\t2 ,"),
+            "{again}"
+        );
         assert!(again.contains("\"x\" : [\n\t\t\t{\n\t\t\t\t\"q\" : 2 ,\n\t\t\t\t\"p\" : 1\n\t\t\t} ,\n\t\t\t[\n\t\t\t] ,\n\t\t\t{\n\t\t\t}\n\t\t]"), "{again}");
         assert!(again.ends_with("}\n"));
         // Pretty or compact input alike: never the same bytes.
-        let pretty = serde_json::to_string_pretty(&serde_json::from_str::<Value>(text).unwrap())
-            .unwrap();
+        let pretty =
+            serde_json::to_string_pretty(&serde_json::from_str::<Value>(text).unwrap()).unwrap();
         assert_ne!(respelled(&pretty).unwrap(), pretty);
         assert_eq!(respelled(" \"x\" ").unwrap(), "\n\"x\"\n");
     }
@@ -323,7 +330,12 @@ mod tests {
             assert_eq!(repeated(first, sent, later), [leak], "{later:?}");
         }
         // What the request carried itself may be echoed.
-        assert!(repeated(first, sent, br#"{"request_id":"PR-123e4567","item":"book"}"#).is_empty());
+        assert!(repeated(
+            first,
+            sent,
+            br#"{"request_id":"PR-123e4567","item":"book"}"#
+        )
+        .is_empty());
         // Bodies that are not JSON: compared as text.
         assert_eq!(
             repeated(b"order-0192f1c4", b"", b"key reused: order-0192f1c4").len(),

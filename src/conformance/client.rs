@@ -60,7 +60,10 @@ impl Client {
             .timeout(REQUEST_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(*super::plan::CONCURRENCY_RANGE.end())
-            .user_agent(concat!("tombstoned-conformance/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!(
+                "tombstoned-conformance/",
+                env!("CARGO_PKG_VERSION")
+            ))
             .build()?;
         let mut secret = vec![AUTHORIZATION];
         for (name, _) in plan.headers.iter().chain(&plan.other_principal_headers) {
@@ -231,7 +234,10 @@ mod tests {
         );
         let soon = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(20));
         let wait = retry_after(&soon).unwrap();
-        assert!(wait > Duration::from_secs(15) && wait <= Duration::from_secs(20), "{wait:?}");
+        assert!(
+            wait > Duration::from_secs(15) && wait <= Duration::from_secs(20),
+            "{wait:?}"
+        );
         assert_eq!(retry_after("soon"), None);
         assert_eq!(retry_after("-1"), None);
     }

@@ -178,7 +178,8 @@ impl Plan {
     /// The headers the other principal sends: `--header`, each replaced by the
     /// `--other-principal-header` of the same name, and those of other names added.
     pub fn other_principal(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let replaced = |name: &HeaderName| self.other_principal_headers.iter().any(|(n, _)| n == name);
+        let replaced =
+            |name: &HeaderName| self.other_principal_headers.iter().any(|(n, _)| n == name);
         self.headers
             .iter()
             .filter(|(name, _)| !replaced(name))
@@ -189,8 +190,9 @@ impl Plan {
 
     /// How long `expired` waits between two requests.
     pub fn expiry_interval(&self) -> Duration {
-        self.expiry
-            .map_or(Duration::from_secs(1), |e| (e / EXPIRY_POLLS).max(Duration::from_secs(1)))
+        self.expiry.map_or(Duration::from_secs(1), |e| {
+            (e / EXPIRY_POLLS).max(Duration::from_secs(1))
+        })
     }
 }
 
@@ -272,19 +274,97 @@ mod tests {
     #[test]
     fn each_bad_value_is_named() {
         let cases: Vec<(RawPlan, &str)> = vec![
-            (RawPlan { url: "127.0.0.1:8080/x".into(), ..raw() }, "is not an http:// or https:// URL"),
-            (RawPlan { url: "ftp://host/x".into(), ..raw() }, "the scheme is \"ftp\""),
-            (RawPlan { method: "PO ST".into(), ..raw() }, "--method \"PO ST\" is not an HTTP method"),
-            (RawPlan { body: "{\"a\":".into(), ..raw() }, "--body is not JSON (EOF while parsing"),
-            (RawPlan { other_body: "{{uuid}}".into(), ..raw() }, "--other-body is not JSON"),
-            (RawPlan { other_body: r#"{"amount": "100.00", "request_id": "{{uuid}}"}"#.into(), ..raw() }, "--other-body is the same intent as --body"),
-            (RawPlan { headers: vec!["Authorization Bearer a".into()], ..raw() }, "--header \"Authorization Bearer a\" is not `Name: value` (no colon)"),
-            (RawPlan { other_principal_headers: vec!["Bad Name: x".into()], ..raw() }, "--other-principal-header \"Bad Name: x\" is not `Name: value`"),
-            (RawPlan { key_header: "Idempotency Key".into(), ..raw() }, "--key-header"),
-            (RawPlan { concurrency: "1".into(), ..raw() }, "--concurrency \"1\": give a whole number from 2 to 32"),
-            (RawPlan { concurrency: "many".into(), ..raw() }, "--concurrency \"many\""),
-            (RawPlan { expiry: Some("soon".into()), ..raw() }, "--expiry \"soon\": not a duration"),
-            (RawPlan { expiry: Some("2h".into()), ..raw() }, "give a duration from 1s to 1h"),
+            (
+                RawPlan {
+                    url: "127.0.0.1:8080/x".into(),
+                    ..raw()
+                },
+                "is not an http:// or https:// URL",
+            ),
+            (
+                RawPlan {
+                    url: "ftp://host/x".into(),
+                    ..raw()
+                },
+                "the scheme is \"ftp\"",
+            ),
+            (
+                RawPlan {
+                    method: "PO ST".into(),
+                    ..raw()
+                },
+                "--method \"PO ST\" is not an HTTP method",
+            ),
+            (
+                RawPlan {
+                    body: "{\"a\":".into(),
+                    ..raw()
+                },
+                "--body is not JSON (EOF while parsing",
+            ),
+            (
+                RawPlan {
+                    other_body: "{{uuid}}".into(),
+                    ..raw()
+                },
+                "--other-body is not JSON",
+            ),
+            (
+                RawPlan {
+                    other_body: r#"{"amount": "100.00", "request_id": "{{uuid}}"}"#.into(),
+                    ..raw()
+                },
+                "--other-body is the same intent as --body",
+            ),
+            (
+                RawPlan {
+                    headers: vec!["Authorization Bearer a".into()],
+                    ..raw()
+                },
+                "--header \"Authorization Bearer a\" is not `Name: value` (no colon)",
+            ),
+            (
+                RawPlan {
+                    other_principal_headers: vec!["Bad Name: x".into()],
+                    ..raw()
+                },
+                "--other-principal-header \"Bad Name: x\" is not `Name: value`",
+            ),
+            (
+                RawPlan {
+                    key_header: "Idempotency Key".into(),
+                    ..raw()
+                },
+                "--key-header",
+            ),
+            (
+                RawPlan {
+                    concurrency: "1".into(),
+                    ..raw()
+                },
+                "--concurrency \"1\": give a whole number from 2 to 32",
+            ),
+            (
+                RawPlan {
+                    concurrency: "many".into(),
+                    ..raw()
+                },
+                "--concurrency \"many\"",
+            ),
+            (
+                RawPlan {
+                    expiry: Some("soon".into()),
+                    ..raw()
+                },
+                "--expiry \"soon\": not a duration",
+            ),
+            (
+                RawPlan {
+                    expiry: Some("2h".into()),
+                    ..raw()
+                },
+                "give a duration from 1s to 1h",
+            ),
         ];
         for (raw, says) in cases {
             let error = Plan::new(&raw).unwrap_err().to_string();

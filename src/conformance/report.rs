@@ -173,7 +173,12 @@ pub struct Report {
 
 impl Report {
     /// The report of `checks`, counted.
-    pub fn new(url: String, method: String, checks: Vec<CheckReport>, requests_sent: usize) -> Self {
+    pub fn new(
+        url: String,
+        method: String,
+        checks: Vec<CheckReport>,
+        requests_sent: usize,
+    ) -> Self {
         let mut summary = Summary::default();
         for check in &checks {
             match check.result {
@@ -195,5 +200,4 @@ impl Report {
     pub fn failed(&self) -> bool {
         self.summary.failed > 0
     }
-
 }

@@ -362,7 +362,9 @@ fn outcome_response(outcome: ClaimOutcome) -> Response {
             }
             let mut response = problem.into_response();
             // The first answer's Location again: where the business object is to be looked up.
-            if let Some(location) = order_id.and_then(|id| HeaderValue::from_str(&order_url(id)).ok()) {
+            if let Some(location) =
+                order_id.and_then(|id| HeaderValue::from_str(&order_url(id)).ok())
+            {
                 response.headers_mut().insert(header::LOCATION, location);
             }
             response

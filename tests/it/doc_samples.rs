@@ -38,6 +38,7 @@ use uuid::Uuid;
 
 use crate::cleanup_support::{seed_live, seed_tombstones, NOT_DUE};
 use crate::daemon_support::{Daemon, Spec};
+use crate::examples::{self, Example};
 use crate::harness::{binary, TestDb};
 use crate::ops_support::repo_root;
 use crate::outbox_support::{secret_file, Behaviour, Receiver};
@@ -52,6 +53,7 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("explain", &[]),
     ("error-line", &[]),
     ("webhook", &[]),
+    ("conformance", &[]),
 ];
 
 /// Groups whose sample is not a console block: (group, language).
@@ -407,6 +409,21 @@ async fn the_http_walkthrough_is_what_the_daemon_answers() {
                 shell.set("ORDER_ID", id.trim());
             }
         }
+    }
+    shell.finish();
+}
+
+/// "Check your own service": `tombstoned conformance` against an example service with a replay
+/// window of 3 seconds, at `PAYMENTS` — the Rust one, served in this process (the Python and
+/// Node ones answer alike: tests/it/conformance.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_samples_are_what_the_command_prints() {
+    let db = TestDb::new().await;
+    let url = examples::service_role(&db).await;
+    let service = examples::start_with_window(Example::Rust, &db, &url, "3 seconds").await;
+    let mut shell = Shell::new(&[("PAYMENTS", &service.base)]);
+    for block in samples("conformance") {
+        shell.run(&block).await;
     }
     shell.finish();
 }

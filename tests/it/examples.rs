@@ -26,8 +26,8 @@ use crate::ops_support::repo_root;
 const TENANT: &str = "acme";
 const PRINCIPAL: &str = "billing";
 /// The bearer token of (acme, billing), and of another principal of the same tenant.
-const TOKEN: &str = "token-acme-billing";
-const OTHER_TOKEN: &str = "token-acme-audit";
+pub(crate) const TOKEN: &str = "token-acme-billing";
+pub(crate) const OTHER_TOKEN: &str = "token-acme-audit";
 const OPERATION: &str = "create-payment";
 /// What the examples are started with: a claim waits this long for an in-flight owner (long
 /// enough for the test to see a claim wait and end the holder inside it on a loaded machine).
@@ -36,7 +36,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 /// One of the three examples.
 #[derive(Clone, Copy, Debug)]
-enum Example {
+pub(crate) enum Example {
     Python,
     Node,
     Rust,
@@ -58,15 +58,15 @@ impl Example {
 }
 
 /// A running example and what it needs to stay up.
-struct Running {
-    base: String,
-    log: PathBuf,
+pub(crate) struct Running {
+    pub(crate) base: String,
+    pub(crate) log: PathBuf,
     _child: Option<tokio::process::Child>,
     _server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 /// The role and connection URL of the service, with its table made from examples/payments.sql.
-async fn service_role(db: &TestDb) -> String {
+pub(crate) async fn service_role(db: &TestDb) -> String {
     let role = format!("pay_{}", db.name);
     let password = "example-password";
     let admin = db.client().await;
@@ -115,6 +115,16 @@ fn setup(example: Example) {
 }
 
 async fn start(example: Example, db: &TestDb, url: &str) -> Running {
+    start_with_window(example, db, url, "1 hour").await
+}
+
+/// [`start`] with `replay_window` as the example's `REPLAY_WINDOW` (an interval, "3 seconds").
+pub(crate) async fn start_with_window(
+    example: Example,
+    db: &TestDb,
+    url: &str,
+    replay_window: &str,
+) -> Running {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("examples");
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join(format!("{}-{}.log", example.name(), db.name));
@@ -122,7 +132,8 @@ async fn start(example: Example, db: &TestDb, url: &str) -> Running {
         Example::Rust => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let base = format!("http://{}", listener.local_addr().unwrap());
-            let settings = rust_payments::Settings::new(&tokens(), LOCK_TIMEOUT, "1 hour").unwrap();
+            let settings =
+                rust_payments::Settings::new(&tokens(), LOCK_TIMEOUT, replay_window).unwrap();
             let pool = rust_payments::pool(url).unwrap();
             let server = tokio::spawn(rust_payments::run(listener, pool, settings));
             return Running {
@@ -145,7 +156,7 @@ async fn start(example: Example, db: &TestDb, url: &str) -> Running {
         .env("PAYMENTS_TOKENS", tokens())
         .env("PORT", "0")
         .env("CLAIM_LOCK_TIMEOUT", LOCK_TIMEOUT)
-        .env("REPLAY_WINDOW", "1 hour")
+        .env("REPLAY_WINDOW", replay_window)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap())

@@ -13,6 +13,8 @@ mod cleanup_workers;
 mod cli;
 mod clients_support;
 mod config_hostile;
+mod conformance;
+mod conformance_support;
 mod conn_support;
 mod credentials;
 mod daemon;
