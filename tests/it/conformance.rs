@@ -46,25 +46,18 @@ async fn check(endpoint: &Endpoint, extra: &[&str]) -> Ran {
     conformance(&args).await
 }
 
-/// Runs the checks against an endpoint broken by `fault`, and asserts the whole vector: the
-/// checks in `failed` fail, every other passes, the exit status says so.
-async fn broken(fault: Fault, failed: &[&str]) -> Value {
+/// Runs the checks (with `extra` flags) against an endpoint broken by `fault`, and asserts the
+/// whole vector: the checks in `failed` fail, those in `skipped` are skipped, every other passes,
+/// the exit status says so.
+async fn broken(fault: Fault, extra: &[&str], failed: &[&str], skipped: &[&str]) -> Value {
     let endpoint = endpoint(fault, WINDOW).await;
-    let ran = check(&endpoint, &[]).await;
+    let ran = check(&endpoint, extra).await;
     let doc = ran.json();
-    assert_eq!(
-        results(&doc),
-        expected(failed, &[]),
-        "{fault:?}:\n{}",
-        ran.stdout
-    );
-    assert_eq!(
-        ran.code,
-        Some(if failed.is_empty() { 0 } else { 1 }),
-        "{fault:?}: {}",
-        ran.stderr
-    );
-    assert_eq!(ran.stderr, "", "{fault:?}");
+    let context = format!("{fault:?} {extra:?}:\n{}", ran.stdout);
+    assert_eq!(results(&doc), expected(failed, skipped), "{context}");
+    let code = if failed.is_empty() { 0 } else { 1 };
+    assert_eq!(ran.code, Some(code), "{context}\n{}", ran.stderr);
+    assert_eq!(ran.stderr, "", "{context}");
     doc
 }
 
@@ -79,83 +72,96 @@ fn got<'a>(doc: &'a Value, name: &str) -> &'a str {
         .unwrap()
 }
 
-#[tokio::test]
-async fn an_endpoint_keeping_every_rule_passes_every_check() {
-    let doc = broken(Fault::None, &[]).await;
-    assert_eq!(
-        doc["summary"],
-        serde_json::json!({"passed": 9, "failed": 0, "skipped": 0})
-    );
-}
+/// Each broken endpoint: its fault, extra flags, the checks it fails, the checks skipped, and
+/// what the first failing (or skipped) check's `got` says.
+type Case = (
+    Fault,
+    &'static [&'static str],
+    &'static [&'static str],
+    &'static [&'static str],
+    &'static str,
+);
 
-#[tokio::test]
-async fn replaying_for_another_body_fails_key_reused() {
-    let doc = broken(Fault::IgnoresFingerprint, &["key_reused"]).await;
-    assert!(got(&doc, "key_reused").starts_with("201"), "{doc:#}");
-}
-
-/// Byte identity is what `replay`, `replay_reordered` and `concurrent` (whose replays must be
-/// the original's bytes) each require, so re-serialising breaks those three.
-#[tokio::test]
-async fn reserialised_replays_fail_the_byte_for_byte_checks() {
-    let doc = broken(
+const BROKEN: [Case; 7] = [
+    // A stored answer replayed for another body.
+    (
+        Fault::IgnoresFingerprint,
+        &[],
+        &["key_reused"],
+        &[],
+        "201 with Idempotent-Replayed: true",
+    ),
+    // Byte identity is what `replay`, `replay_reordered` and `concurrent` (whose replays must be
+    // the original's bytes) each require: re-serialising breaks those three.
+    (
         Fault::ReserialisesAnswers,
+        &[],
         &["replay", "replay_reordered", "concurrent"],
-    )
-    .await;
-    assert!(
-        got(&doc, "replay").contains("differing from byte"),
-        "{doc:#}"
-    );
+        &[],
+        "differing from byte",
+    ),
+    (
+        Fault::ForgetsAfterWindow,
+        &[],
+        &["expired"],
+        &[],
+        "a fresh execution after",
+    ),
+    (Fault::Unscoped, &[], &["scoped"], &[], "a replay"),
+    // The endpoint waits until the 4 racers have all looked the key up before any inserts: the
+    // race happens on every run, and each racer executes.
+    (
+        Fault::CheckThenInsert(4),
+        &[],
+        &["concurrent"],
+        &[],
+        "4 (201, 201, 201, 201): the request ran more than once",
+    ),
+    (
+        Fault::AcceptsNoKey,
+        &[],
+        &["missing_key"],
+        &[],
+        "201, Location /orders/",
+    ),
+    // Said to be optional, the key's absence is a skip.
+    (
+        Fault::AcceptsNoKey,
+        &["--key-optional"],
+        &[],
+        &["missing_key"],
+        "the key is optional (--key-optional)",
+    ),
+];
+
+/// Every broken endpoint at once (each run mostly waits for its window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_broken_endpoint_fails_exactly_the_checks_its_fault_breaks() {
+    let runs = BROKEN
+        .iter()
+        .map(|&(fault, extra, failed, skipped, says)| async move {
+            let doc = broken(fault, extra, failed, skipped).await;
+            let name = failed.first().or(skipped.first()).unwrap();
+            let said = got(&doc, name);
+            assert!(said.contains(says), "{fault:?}: {name}: {said}");
+        });
+    futures::future::join_all(runs).await;
 }
 
-#[tokio::test]
-async fn executing_again_after_the_window_fails_expired() {
-    let doc = broken(Fault::ForgetsAfterWindow, &["expired"]).await;
-    assert!(
-        got(&doc, "expired").starts_with("a fresh execution after"),
-        "{doc:#}"
-    );
-}
-
-#[tokio::test]
-async fn keys_shared_between_principals_fail_scoped() {
-    let doc = broken(Fault::Unscoped, &["scoped"]).await;
-    assert!(got(&doc, "scoped").starts_with("a replay"), "{doc:#}");
-}
-
-/// The endpoint waits until the 4 racers have all looked the key up before any inserts: the race
-/// happens on every run, and each racer executes.
-#[tokio::test]
-async fn check_then_insert_without_a_lock_fails_concurrent() {
-    let endpoint = endpoint(Fault::CheckThenInsert(4), WINDOW).await;
-    let doc = check(&endpoint, &[]).await.json();
-    assert_eq!(results(&doc), expected(&["concurrent"], &[]), "{doc:#}");
-    assert!(
-        got(&doc, "concurrent")
-            .starts_with("4 (201, 201, 201, 201): the request ran more than once"),
-        "{doc:#}"
-    );
-}
-
-#[tokio::test]
-async fn accepting_a_request_without_a_key_fails_missing_key() {
-    let doc = broken(Fault::AcceptsNoKey, &["missing_key"]).await;
-    assert!(got(&doc, "missing_key").starts_with("201"), "{doc:#}");
-    // Said to be optional, the key's absence is a skip, in the text report too.
-    let endpoint = endpoint(Fault::AcceptsNoKey, WINDOW).await;
-    let ran = check(&endpoint, &["--key-optional"]).await;
-    assert_eq!(results(&ran.json()), expected(&[], &["missing_key"]));
-    assert_eq!(ran.code, Some(0));
-}
-
-/// The document: every check with its fields, the requests as sent (the same key always the
-/// same body; the re-spelled body the same JSON) with their answers, no credential anywhere.
+/// An endpoint keeping every rule passes every check. The document: every check with its
+/// fields, the requests as sent (the same key always the same body; the re-spelled body the same
+/// JSON) with their answers, no credential anywhere.
 #[tokio::test]
 async fn the_json_document_records_every_request_without_credentials() {
     let endpoint = endpoint(Fault::None, WINDOW).await;
     let ran = check(&endpoint, &[]).await;
     let doc = ran.json();
+    assert_eq!(results(&doc), expected(&[], &[]), "{}", ran.stdout);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert_eq!(
+        doc["summary"],
+        serde_json::json!({"passed": 9, "failed": 0, "skipped": 0})
+    );
     assert_eq!(doc["url"], endpoint.url.as_str());
     assert_eq!(doc["method"], "POST");
     let checks = doc["checks"].as_array().unwrap();
@@ -285,28 +291,18 @@ async fn example_passes_every_check(example: Example) {
         EXPIRY,
     ])
     .await;
+    let context = format!("{example:?} (its log: {})", service.log.display());
+    assert_eq!(ran.code, Some(0), "{context}\n{}{}", ran.stdout, ran.stderr);
     assert_lines(&ran, &[], &[]);
-    assert_eq!(
-        ran.code,
-        Some(0),
-        "{example:?} (its log: {})",
-        service.log.display()
-    );
 }
 
-#[tokio::test]
-async fn the_python_example_passes_every_check() {
-    example_passes_every_check(Example::Python).await;
-}
-
-#[tokio::test]
-async fn the_node_example_passes_every_check() {
-    example_passes_every_check(Example::Node).await;
-}
-
-#[tokio::test]
-async fn the_rust_example_passes_every_check() {
-    example_passes_every_check(Example::Rust).await;
+/// The three examples, at once (each run mostly waits for its window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_pass_every_check() {
+    futures::future::join_all(
+        [Example::Python, Example::Node, Example::Rust].map(example_passes_every_check),
+    )
+    .await;
 }
 
 /// Values the command cannot use: exit 64, one line on stderr naming the flag, nothing on
