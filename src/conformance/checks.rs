@@ -652,6 +652,8 @@ impl<'a> Run<'a> {
             } else if let Some(asked) = asks_to_wait(&answer) {
                 wait = wait.max(asked);
             } else if answer.replayed() && answer.status == first.answer.status {
+                // Still inside the window. Its bytes are `replay`'s to judge; this check looks
+                // for a fresh execution and for the 410.
                 replays += 1;
             } else if (200..300).contains(&answer.status) && !answer.replayed() {
                 return check.fail((
