@@ -1,0 +1,45 @@
+"""pytest's set-up of the suite: it refuses to run without the database's variables (never a
+skip), and the fixtures that open what the tests use."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from support import BUSINESS_TABLE, SERVICE_ROLE, VARIABLES, admin
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    missing = [name for name in VARIABLES if not os.environ.get(name)]
+    if missing:
+        # Never a skip: the suite is run by `cargo test --test it -- clients_python`.
+        raise pytest.UsageError(
+            f"{', '.join(missing)} not set: run the suite through "
+            "`cargo test --test it -- clients_python` (tests/it/clients_support.rs sets them)"
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def service_role() -> str:
+    """The service role, given what a service has beyond the README's grants: its own business
+    table. The one place of the role's set-up (a grant the suite needs goes here)."""
+    with admin() as conn:
+        conn.execute(BUSINESS_TABLE)
+        conn.execute(
+            sql.SQL("ALTER TABLE public.py_payments OWNER TO {}").format(
+                sql.Identifier(SERVICE_ROLE)
+            )
+        )
+    return SERVICE_ROLE
+
+
+@pytest.fixture
+def admin_conn() -> Iterator[psycopg.Connection[Any]]:
+    """A superuser session on the suite's database (autocommit)."""
+    with admin() as conn:
+        yield conn
