@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from servers import Running, Uvicorn, Waitress
 from support import BUSINESS_TABLE, SERVICE_ROLE, VARIABLES, admin
 
 
@@ -31,9 +32,10 @@ def service_role() -> str:
     with admin() as conn:
         conn.execute(BUSINESS_TABLE)
         conn.execute(
-            sql.SQL("ALTER TABLE public.py_payments OWNER TO {}").format(
-                sql.Identifier(SERVICE_ROLE)
-            )
+            sql.SQL(
+                "ALTER TABLE public.py_payments OWNER TO {r};"
+                " ALTER FUNCTION public.py_payment_body(public.py_payments) OWNER TO {r}"
+            ).format(r=sql.Identifier(SERVICE_ROLE))
         )
     return SERVICE_ROLE
 
@@ -43,3 +45,29 @@ def admin_conn() -> Iterator[psycopg.Connection[Any]]:
     """A superuser session on the suite's database (autocommit)."""
     with admin() as conn:
         yield conn
+
+
+@pytest.fixture(scope="session")
+def fastapi_server() -> Iterator[Running]:
+    with Uvicorn() as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def django_server() -> Iterator[Running]:
+    with Waitress() as running:
+        yield running
+
+
+@pytest.fixture(params=["fastapi", "django"])
+def server(request: pytest.FixtureRequest) -> Running:
+    """Each adapter under its real server."""
+    running: Running = request.getfixturevalue(f"{request.param}_server")
+    return running
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    from test_stress import FIGURES
+
+    for line in FIGURES:
+        terminalreporter.write_line(line)

@@ -59,7 +59,11 @@ CREATE TABLE IF NOT EXISTS public.py_payments (
     amount_minor bigint      NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT py_payments_request_id_key UNIQUE (tenant_id, request_id)
-)"""
+);
+CREATE OR REPLACE FUNCTION public.py_payment_body(p public.py_payments) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$ SELECT jsonb_build_object('payment_id', p.payment_id, 'request_id', p.request_id,
+                                    'amount_minor', p.amount_minor, 'status', 'created') $$"""
 BUSINESS_CONSTRAINT = "py_payments_request_id_key"
 
 
@@ -87,9 +91,36 @@ def intent(request_id: str, amount_minor: int = 1250) -> dict[str, Any]:
 #: The tests' business write: one payment, and its representation as jsonb (a dict here).
 INSERT_PAYMENT = """INSERT INTO public.py_payments AS p (tenant_id, principal_id, request_id, amount_minor)
 VALUES (%s, %s, %s, %s)
-RETURNING p.payment_id::text,
-          jsonb_build_object('payment_id', p.payment_id, 'request_id', p.request_id,
-                             'amount_minor', p.amount_minor, 'status', 'created')"""
+RETURNING p.payment_id::text, public.py_payment_body(p)"""
+
+#: The payment a business id names, and whether it is this caller's same request.
+FIND_PAYMENT = """SELECT p.principal_id = %s AND p.amount_minor = %s, p.payment_id::text,
+       public.py_payment_body(p)::text
+  FROM public.py_payments AS p WHERE p.tenant_id = %s AND p.request_id = %s"""
+
+
+def found_payment(row: tuple[Any, ...] | None) -> tombstoned.ReplayByBusinessId | None:
+    if row is None or not row[0]:
+        return None
+    return tombstoned.ReplayByBusinessId(row[2], row[1])
+
+
+def find_params(scope: tombstoned.Scope, payment: dict[str, Any]) -> tuple[object, ...]:
+    return (scope.principal, payment["amount_minor"], scope.tenant, payment["request_id"])
+
+
+def find_payment(
+    conn: psycopg.Connection[Any], scope: tombstoned.Scope, payment: dict[str, Any]
+) -> tombstoned.ReplayByBusinessId | None:
+    """The 23505 hook's read: the existing payment as a replay, or None (a 409)."""
+    return found_payment(conn.execute(FIND_PAYMENT, find_params(scope, payment)).fetchone())
+
+
+async def find_payment_async(
+    conn: psycopg.AsyncConnection[Any], scope: tombstoned.Scope, payment: dict[str, Any]
+) -> tombstoned.ReplayByBusinessId | None:
+    cursor = await conn.execute(FIND_PAYMENT, find_params(scope, payment))
+    return found_payment(await cursor.fetchone())
 
 
 def insert_payment(
