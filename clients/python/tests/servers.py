@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from support import PATIENCE
 
@@ -57,17 +56,19 @@ class Waitress:
     def __init__(self) -> None:
         import django
         from django.core.wsgi import get_wsgi_application
-        from waitress.server import create_server
+        from waitress.server import TcpWSGIServer, create_server
 
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "django_app.settings")
         django.setup()
         from django_app.settings import APPLICATION_NAME
 
-        self.server: Any = create_server(
+        server = create_server(
             get_wsgi_application(), host="127.0.0.1", port=0, threads=10, channel_timeout=60
         )
+        assert isinstance(server, TcpWSGIServer)
+        self.server = server
         self.thread = threading.Thread(target=self.server.run, daemon=True)
-        port = self.server.effective_port
+        port = server.getsockname()[1]
         self.running = Running("django", f"http://127.0.0.1:{port}", APPLICATION_NAME)
 
     def __enter__(self) -> Running:

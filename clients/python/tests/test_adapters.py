@@ -65,7 +65,7 @@ def business_table_locked() -> Iterator[psycopg.Connection[Any]]:
 
 def test_the_whole_lifecycle(server: Running, admin_conn: psycopg.Connection[Any]) -> None:
     key = new_key()
-    payment = {"request_id": f"{server.name}-{key}", "amount_minor": 1250}
+    payment: dict[str, Any] = {"request_id": f"{server.name}-{key}", "amount_minor": 1250}
     with httpx.Client(base_url=server.base, timeout=PATIENCE) as http:
         # Refused before any transaction: no key consumed.
         assert post(http, "/payments", key, payment, {"Authorization": "Bearer nope"}).status_code == 401
@@ -132,7 +132,7 @@ def test_a_second_request_waits_for_the_first_and_replays_it(
     server: Running, admin_conn: psycopg.Connection[Any]
 ) -> None:
     key = new_key()
-    payment = {"request_id": f"{server.name}-{key}", "amount_minor": 700}
+    payment: dict[str, Any] = {"request_id": f"{server.name}-{key}", "amount_minor": 700}
     with httpx.Client(base_url=server.base, timeout=PATIENCE) as http, ThreadPoolExecutor(2) as pool:
         with business_table_locked() as lock:
             first = pool.submit(post, http, "/payments", key, payment)
@@ -155,7 +155,7 @@ def test_a_second_request_outlasting_its_lock_timeout_gets_409(
     server: Running, admin_conn: psycopg.Connection[Any]
 ) -> None:
     key = new_key()
-    payment = {"request_id": f"{server.name}-{key}", "amount_minor": 800}
+    payment: dict[str, Any] = {"request_id": f"{server.name}-{key}", "amount_minor": 800}
     with httpx.Client(base_url=server.base, timeout=PATIENCE) as http, ThreadPoolExecutor(1) as pool:
         first: Future[httpx.Response]
         with business_table_locked():
@@ -177,7 +177,7 @@ def test_a_handler_failing_after_its_write_commits_nothing_and_frees_the_key(
     server: Running, admin_conn: psycopg.Connection[Any]
 ) -> None:
     key = new_key()
-    payment = {"request_id": f"{server.name}-{key}", "amount_minor": 900}
+    payment: dict[str, Any] = {"request_id": f"{server.name}-{key}", "amount_minor": 900}
     with httpx.Client(base_url=server.base, timeout=PATIENCE) as http:
         failed = post(http, "/payments/failing", key, payment)
         assert failed.status_code == 500
@@ -189,7 +189,7 @@ def test_a_handler_failing_after_its_write_commits_nothing_and_frees_the_key(
 
 
 def test_an_optional_key(server: Running, admin_conn: psycopg.Connection[Any]) -> None:
-    payment = {"request_id": f"{server.name}-{new_key()}", "amount_minor": 100}
+    payment: dict[str, Any] = {"request_id": f"{server.name}-{new_key()}", "amount_minor": 100}
     with httpx.Client(base_url=server.base, timeout=PATIENCE) as http:
         created = post(http, "/payments/keyless", None, payment)
         assert created.status_code == 201 and "idempotent-replayed" not in created.headers

@@ -113,4 +113,5 @@ __all__ = [
     "complete",
     "enqueue_event",
     "lookup",
+    "read_idempotency_key",
 ]
