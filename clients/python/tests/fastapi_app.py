@@ -18,6 +18,7 @@ from payments_api import (
     OPERATION,
     PATIENT,
     WINDOW,
+    HandlerFailed,
     Refused,
     caller_of,
     parse_payment,
@@ -51,7 +52,7 @@ async def create(tx: tombstoned.AsyncTransaction, payment: dict[str, Any]) -> to
 
 async def create_then_fail(tx: tombstoned.AsyncTransaction, payment: dict[str, Any]) -> None:
     await insert_payment_async(tx.conn, tx.scope, payment)
-    raise RuntimeError("the handler failed after its business write")
+    raise HandlerFailed("the handler failed after its business write")
 
 
 def make_app() -> FastAPI:
@@ -71,6 +72,10 @@ def make_app() -> FastAPI:
         await pool.close()
 
     app = FastAPI(lifespan=lifespan)
+
+    @app.exception_handler(HandlerFailed)
+    async def failed(request: Request, error: HandlerFailed) -> JSONResponse:
+        return JSONResponse({"error": str(error)}, status_code=500)
     route: dict[str, Any] = dict(
         operation=OPERATION,
         caller=authenticate,

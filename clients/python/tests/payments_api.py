@@ -34,6 +34,11 @@ class Refused(Exception):
         self.status = status
 
 
+class HandlerFailed(Exception):
+    """What the failing route's handler raises after its business write (each app answers it
+    with a 500 of its own)."""
+
+
 def caller_of(authorization: str | None) -> tombstoned.Caller:
     token = authorization[7:] if authorization and authorization.startswith("Bearer ") else ""
     caller = TOKENS.get(token)

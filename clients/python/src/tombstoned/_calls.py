@@ -117,6 +117,14 @@ def enqueue_params(
     return (tenant, aggregate_id, event_type, Jsonb(payload))
 
 
+def one_row(row: tuple[Any, ...] | None, function: str) -> tuple[Any, ...]:
+    """The one row a function of the SQL API returns (none would be a schema this package does
+    not speak)."""
+    if row is None:
+        raise UnknownApiVersion(f"{function}() returned no row", found=None)
+    return row
+
+
 def as_uuid(value: object) -> UUID:
     """A uuid column as a UUID, whatever loader the connection has (Django's returns one too)."""
     return value if isinstance(value, UUID) else UUID(str(value))

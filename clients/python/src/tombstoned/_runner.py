@@ -20,7 +20,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from . import _statements as statements
+from ._statements import JSONB_TEXT, START
 from . import core as calls
 from ._calls import (
     DEFAULT_LOCK_TIMEOUT,
@@ -47,7 +47,7 @@ DEFAULT_ATTEMPTS = 3
 def start_transaction(conn: Connection[Any]) -> None:
     """The one place a runner's transaction starts, right after BEGIN. (Issue 40 adds the
     trace context here.)"""
-    conn.execute(statements.START)
+    conn.execute(START)
 
 
 class Transaction:
@@ -92,7 +92,7 @@ class Transaction:
     ) -> Completed:
         """Stores the answer on the key's record; the runner sends exactly its text."""
         if self.key is None:
-            cursor = self.conn.execute(statements.JSONB_TEXT, (Jsonb(body),))
+            cursor = self.conn.execute(JSONB_TEXT, (Jsonb(body),))
             row = cursor.fetchone()
             text: str = row[0] if row else ""
         else:

@@ -18,7 +18,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from . import _statements as statements
+from ._statements import JSONB_TEXT, START
 from . import aio as calls
 from ._calls import (
     DEFAULT_LOCK_TIMEOUT,
@@ -45,7 +45,7 @@ DEFAULT_ATTEMPTS = 3
 async def start_transaction(conn: AsyncConnection[Any]) -> None:
     """The one place a runner's transaction starts, right after BEGIN. (Issue 40 adds the
     trace context here.)"""
-    await conn.execute(statements.START)
+    await conn.execute(START)
 
 
 class AsyncTransaction:
@@ -90,7 +90,7 @@ class AsyncTransaction:
     ) -> Completed:
         """Stores the answer on the key's record; the runner sends exactly its text."""
         if self.key is None:
-            cursor = await self.conn.execute(statements.JSONB_TEXT, (Jsonb(body),))
+            cursor = await self.conn.execute(JSONB_TEXT, (Jsonb(body),))
             row = await cursor.fetchone()
             text: str = row[0] if row else ""
         else:

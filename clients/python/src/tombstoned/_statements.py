@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from psycopg import sql
@@ -16,42 +17,35 @@ START = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 #: complete() would have stored it, without a record.
 JSONB_TEXT = sql.SQL("SELECT %s::jsonb::text")
 
-_OUTCOME_COLUMNS = "outcome, status_code, response_body, resource_id, replay_deadline, expired_at"
+_OUTCOME = "outcome, status_code, response_body, resource_id, replay_deadline, expired_at"
 
 
-def _in(schema: str, template: str) -> sql.Composed:
-    return sql.SQL(template).format(s=sql.Identifier(schema))
+@dataclass(frozen=True)
+class Statements:
+    """The SQL API's calls in one schema. The fingerprint is computed by the server from the
+    intent: no client hashes anything."""
+
+    api_version: sql.Composed
+    claim: sql.Composed
+    complete: sql.Composed
+    lookup: sql.Composed
+    enqueue_event: sql.Composed
 
 
 @lru_cache(maxsize=None)
-def api_version(schema: str) -> sql.Composed:
-    return _in(schema, "SELECT {s}.api_version()")
+def in_schema(schema: str) -> Statements:
+    def composed(template: str) -> sql.Composed:
+        return sql.SQL(template).format(s=sql.Identifier(schema))
 
-
-@lru_cache(maxsize=None)
-def claim(schema: str) -> sql.Composed:
-    # The fingerprint is computed by the server from the intent: no client hashes anything.
-    return _in(
-        schema,
-        f"SELECT {_OUTCOME_COLUMNS} FROM {{s}}.claim(%s, %s, %s, %s, "
-        "{s}.fingerprint(%s::jsonb), %s::interval, %s::interval)",
+    return Statements(
+        api_version=composed("SELECT {s}.api_version()"),
+        claim=composed(
+            f"SELECT {_OUTCOME} FROM {{s}}.claim(%s, %s, %s, %s, {{s}}.fingerprint(%s::jsonb),"
+            " %s::interval, %s::interval)"
+        ),
+        complete=composed("SELECT {s}.complete(%s, %s, %s, %s, %s, %s::jsonb, %s)"),
+        lookup=composed(
+            f"SELECT {_OUTCOME} FROM {{s}}.lookup(%s, %s, %s, %s, {{s}}.fingerprint(%s::jsonb))"
+        ),
+        enqueue_event=composed("SELECT {s}.enqueue_event(%s, %s, %s, %s::jsonb)"),
     )
-
-
-@lru_cache(maxsize=None)
-def complete(schema: str) -> sql.Composed:
-    return _in(schema, "SELECT {s}.complete(%s, %s, %s, %s, %s, %s::jsonb, %s)")
-
-
-@lru_cache(maxsize=None)
-def lookup(schema: str) -> sql.Composed:
-    return _in(
-        schema,
-        f"SELECT {_OUTCOME_COLUMNS} FROM {{s}}.lookup(%s, %s, %s, %s, "
-        "{s}.fingerprint(%s::jsonb))",
-    )
-
-
-@lru_cache(maxsize=None)
-def enqueue_event(schema: str) -> sql.Composed:
-    return _in(schema, "SELECT {s}.enqueue_event(%s, %s, %s, %s::jsonb)")

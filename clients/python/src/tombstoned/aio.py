@@ -9,22 +9,24 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg import sql
 
-from . import _statements as statements
 from ._calls import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_SCHEMA,
     Interval,
+    as_uuid,
     claim_params,
     complete_params,
     enqueue_params,
     lookup_params,
-    as_uuid,
     mapped_errors,
     missing_api,
+    one_row,
     remember_version,
     version_checked,
 )
+from ._statements import in_schema
 from .outcomes import Expired, KeyReused, Outcome, Replay, Scope, lookup_outcome, outcome_from_row
 
 Connection = psycopg.AsyncConnection[Any]
@@ -36,9 +38,19 @@ async def check_api_version(conn: Connection, *, schema: str = DEFAULT_SCHEMA) -
     if version_checked(conn, schema):
         return
     with mapped_errors(), missing_api(schema):
-        cursor = await conn.execute(statements.api_version(schema))
+        cursor = await conn.execute(in_schema(schema).api_version)
         row = await cursor.fetchone()
     remember_version(conn, schema, row)
+
+
+async def _call(
+    conn: Connection, schema: str, statement: sql.Composed, params: tuple[object, ...]
+) -> tuple[Any, ...] | None:
+    """One call of the SQL API: its row, or its error as this package's class."""
+    await check_api_version(conn, schema=schema)
+    with mapped_errors():
+        cursor = await conn.execute(statement, params)
+        return await cursor.fetchone()
 
 
 async def claim(
@@ -53,15 +65,10 @@ async def claim(
 ) -> Outcome:
     """Claims ``key`` for this transaction, or answers from the record that holds it.
     ``intent`` is the normalised intent (JSON-serialisable); the server fingerprints it."""
-    await check_api_version(conn, schema=schema)
-    with mapped_errors():
-        cursor = await conn.execute(
-            statements.claim(schema),
-            claim_params(scope, key, intent, replay_window, lock_timeout),
-        )
-        row = await cursor.fetchone()
-    outcome = outcome_from_row(row)
-    assert outcome is not None, "claim() returns one row"
+    params = claim_params(scope, key, intent, replay_window, lock_timeout)
+    row = await _call(conn, schema, in_schema(schema).claim, params)
+    outcome = outcome_from_row(one_row(row, "claim"))
+    assert outcome is not None
     return outcome
 
 
@@ -76,15 +83,9 @@ async def complete(
     schema: str = DEFAULT_SCHEMA,
 ) -> str:
     """Stores the owner's answer; returns the body as every replay will send it: send this."""
-    await check_api_version(conn, schema=schema)
-    with mapped_errors():
-        cursor = await conn.execute(
-            statements.complete(schema),
-            complete_params(scope, key, status_code, body, resource_id),
-        )
-        row = await cursor.fetchone()
-    assert row is not None, "complete() returns one row"
-    text: str = row[0]
+    params = complete_params(scope, key, status_code, body, resource_id)
+    row = await _call(conn, schema, in_schema(schema).complete, params)
+    text: str = one_row(row, "complete")[0]
     return text
 
 
@@ -98,11 +99,8 @@ async def lookup(
 ) -> Replay | KeyReused | Expired | None:
     """What claim() would answer for a committed record, claiming nothing; None when there is
     none. Works in a read-only transaction (a standby)."""
-    await check_api_version(conn, schema=schema)
-    with mapped_errors():
-        cursor = await conn.execute(statements.lookup(schema), lookup_params(scope, key, intent))
-        row = await cursor.fetchone()
-    return lookup_outcome(row)
+    params = lookup_params(scope, key, intent)
+    return lookup_outcome(await _call(conn, schema, in_schema(schema).lookup, params))
 
 
 async def enqueue_event(
@@ -116,12 +114,6 @@ async def enqueue_event(
 ) -> UUID:
     """An outbox event that commits with this transaction or not at all; returns its id (the
     ``webhook-id`` the relay delivers it under)."""
-    await check_api_version(conn, schema=schema)
-    with mapped_errors():
-        cursor = await conn.execute(
-            statements.enqueue_event(schema),
-            enqueue_params(tenant, aggregate_id, event_type, payload),
-        )
-        row = await cursor.fetchone()
-    assert row is not None, "enqueue_event() returns one row"
-    return as_uuid(row[0])
+    params = enqueue_params(tenant, aggregate_id, event_type, payload)
+    row = await _call(conn, schema, in_schema(schema).enqueue_event, params)
+    return as_uuid(one_row(row, "enqueue_event")[0])

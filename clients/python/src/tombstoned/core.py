@@ -11,22 +11,24 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg import sql
 
-from . import _statements as statements
 from ._calls import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_SCHEMA,
     Interval,
+    as_uuid,
     claim_params,
     complete_params,
     enqueue_params,
     lookup_params,
-    as_uuid,
     mapped_errors,
     missing_api,
+    one_row,
     remember_version,
     version_checked,
 )
+from ._statements import in_schema
 from .outcomes import Expired, KeyReused, Outcome, Replay, Scope, lookup_outcome, outcome_from_row
 
 Connection = psycopg.Connection[Any]
@@ -38,9 +40,19 @@ def check_api_version(conn: Connection, *, schema: str = DEFAULT_SCHEMA) -> None
     if version_checked(conn, schema):
         return
     with mapped_errors(), missing_api(schema):
-        cursor = conn.execute(statements.api_version(schema))
+        cursor = conn.execute(in_schema(schema).api_version)
         row = cursor.fetchone()
     remember_version(conn, schema, row)
+
+
+def _call(
+    conn: Connection, schema: str, statement: sql.Composed, params: tuple[object, ...]
+) -> tuple[Any, ...] | None:
+    """One call of the SQL API: its row, or its error as this package's class."""
+    check_api_version(conn, schema=schema)
+    with mapped_errors():
+        cursor = conn.execute(statement, params)
+        return cursor.fetchone()
 
 
 def claim(
@@ -55,15 +67,10 @@ def claim(
 ) -> Outcome:
     """Claims ``key`` for this transaction, or answers from the record that holds it.
     ``intent`` is the normalised intent (JSON-serialisable); the server fingerprints it."""
-    check_api_version(conn, schema=schema)
-    with mapped_errors():
-        cursor = conn.execute(
-            statements.claim(schema),
-            claim_params(scope, key, intent, replay_window, lock_timeout),
-        )
-        row = cursor.fetchone()
-    outcome = outcome_from_row(row)
-    assert outcome is not None, "claim() returns one row"
+    params = claim_params(scope, key, intent, replay_window, lock_timeout)
+    row = _call(conn, schema, in_schema(schema).claim, params)
+    outcome = outcome_from_row(one_row(row, "claim"))
+    assert outcome is not None
     return outcome
 
 
@@ -78,15 +85,9 @@ def complete(
     schema: str = DEFAULT_SCHEMA,
 ) -> str:
     """Stores the owner's answer; returns the body as every replay will send it: send this."""
-    check_api_version(conn, schema=schema)
-    with mapped_errors():
-        cursor = conn.execute(
-            statements.complete(schema),
-            complete_params(scope, key, status_code, body, resource_id),
-        )
-        row = cursor.fetchone()
-    assert row is not None, "complete() returns one row"
-    text: str = row[0]
+    params = complete_params(scope, key, status_code, body, resource_id)
+    row = _call(conn, schema, in_schema(schema).complete, params)
+    text: str = one_row(row, "complete")[0]
     return text
 
 
@@ -100,11 +101,8 @@ def lookup(
 ) -> Replay | KeyReused | Expired | None:
     """What claim() would answer for a committed record, claiming nothing; None when there is
     none. Works in a read-only transaction (a standby)."""
-    check_api_version(conn, schema=schema)
-    with mapped_errors():
-        cursor = conn.execute(statements.lookup(schema), lookup_params(scope, key, intent))
-        row = cursor.fetchone()
-    return lookup_outcome(row)
+    params = lookup_params(scope, key, intent)
+    return lookup_outcome(_call(conn, schema, in_schema(schema).lookup, params))
 
 
 def enqueue_event(
@@ -118,12 +116,6 @@ def enqueue_event(
 ) -> UUID:
     """An outbox event that commits with this transaction or not at all; returns its id (the
     ``webhook-id`` the relay delivers it under)."""
-    check_api_version(conn, schema=schema)
-    with mapped_errors():
-        cursor = conn.execute(
-            statements.enqueue_event(schema),
-            enqueue_params(tenant, aggregate_id, event_type, payload),
-        )
-        row = cursor.fetchone()
-    assert row is not None, "enqueue_event() returns one row"
-    return as_uuid(row[0])
+    params = enqueue_params(tenant, aggregate_id, event_type, payload)
+    row = _call(conn, schema, in_schema(schema).enqueue_event, params)
+    return as_uuid(one_row(row, "enqueue_event")[0])

@@ -16,6 +16,7 @@ from payments_api import (
     OPERATION,
     PATIENT,
     WINDOW,
+    HandlerFailed,
     Refused,
     caller_of,
     parse_payment,
@@ -54,7 +55,7 @@ def create(tx: tombstoned.Transaction, payment: dict[str, Any]) -> tombstoned.Co
 
 def create_then_fail(tx: tombstoned.Transaction, payment: dict[str, Any]) -> None:
     create(tx, payment)
-    raise RuntimeError("the handler failed after its business write")
+    raise HandlerFailed("the handler failed after its business write")
 
 
 def runner(lock_timeout: str, window: str = WINDOW) -> tombstoned.Idempotency:
