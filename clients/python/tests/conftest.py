@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 
 from servers import Running, Uvicorn, Waitress
-from support import BUSINESS_TABLE, SERVICE_ROLE, VARIABLES, admin
+from support import BUSINESS_TABLE, SERVICE_ROLE, VARIABLES, admin, set_up_role
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,9 +27,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def service_role() -> str:
-    """The service role, given what a service has beyond the README's grants: its own business
-    table. The one place of the role's set-up (a grant the suite needs goes here)."""
+    """The service role (support.set_up_role), and its own business table."""
     with admin() as conn:
+        set_up_role(conn, SERVICE_ROLE)
         conn.execute(BUSINESS_TABLE)
         conn.execute(
             sql.SQL(

@@ -33,6 +33,7 @@ from support import (
     records_of,
     role_url,
     service_url,
+    set_up_role,
     wait_for_lock_waits,
     wait_for_pid_lock_wait,
 )
@@ -315,12 +316,11 @@ def small_role() -> Iterator[str]:
         conn.execute(
             sql.SQL(
                 "CREATE ROLE {r} LOGIN PASSWORD 'small';"
-                " GRANT USAGE ON SCHEMA {s} TO {r};"
-                " GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r};"
                 " ALTER ROLE {r} SET temp_file_limit = '64kB';"
                 " ALTER ROLE {r} SET work_mem = '64kB'"
-            ).format(r=ident, s=sql.Identifier(SCHEMA))
+            ).format(r=ident)
         )
+        set_up_role(conn, role)
     yield role
     with admin() as conn:
         conn.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=ident))
