@@ -20,7 +20,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Union
+from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
@@ -43,7 +43,10 @@ TOKENS = json.loads(os.environ.get("PAYMENTS_TOKENS", "{}"))
 
 # A request waits at most 5 s for a connection, then gets 503 + Retry-After.
 pool = AsyncConnectionPool(
-    DATABASE_URL, open=False, max_size=10, timeout=5,
+    DATABASE_URL,
+    open=False,
+    max_size=10,
+    timeout=5,
     kwargs={"application_name": APPLICATION_NAME},
 )
 payments = tombstoned.AsyncIdempotency(
@@ -67,7 +70,7 @@ class Invalid(Exception):
     """The request is refused before any transaction: its key is not consumed."""
 
 
-def authenticate(authorization: Union[str, None] = Header(default=None)) -> tombstoned.Caller:
+def authenticate(authorization: str | None = Header(default=None)) -> tombstoned.Caller:
     """The scope comes from the caller's token, never from the request."""
     token = authorization[7:] if authorization and authorization.startswith("Bearer ") else ""
     caller = TOKENS.get(token)
@@ -77,11 +80,13 @@ def authenticate(authorization: Union[str, None] = Header(default=None)) -> tomb
 
 
 def minor_units(amount: object, exponent: int) -> int:
-    """"12.5" -> 1250 in a currency of exponent 2; a JSON number is not accepted."""
+    """ "12.5" -> 1250 in a currency of exponent 2; a JSON number is not accepted."""
     match = re.fullmatch(AMOUNT, amount) if isinstance(amount, str) else None
     if not match or len(match.group(2) or "") > exponent:
         raise Invalid(f"amount: a decimal string with at most {exponent} decimals")
-    minor: int = int(match.group(1)) * 10 ** exponent + int((match.group(2) or "").ljust(exponent, "0") or "0")
+    minor: int = int(match.group(1)) * 10**exponent + int(
+        (match.group(2) or "").ljust(exponent, "0") or "0"
+    )
     if minor <= 0:
         raise Invalid("amount: must be positive")
     return minor
@@ -131,8 +136,9 @@ INSERT_PAYMENT = """INSERT INTO payments AS p
 VALUES (%s, %s, %s, %s, %s, %s)
 RETURNING p.payment_id::text, payment_body(p)"""
 SAME_REQUEST = """SELECT p.payment_id::text, payment_body(p)::text FROM payments AS p
- WHERE p.tenant_id = %s AND p.request_id = %s AND p.principal_id = %s
+ WHERE p.tenant_id = %s AND p.principal_id = %s AND p.request_id = %s
    AND p.amount_minor = %s AND p.currency = %s AND p.payee = %s"""
+FIELDS = ("request_id", "amount_minor", "currency", "payee")
 
 
 async def same_request(
@@ -140,9 +146,8 @@ async def same_request(
 ) -> tombstoned.ReplayByBusinessId | None:
     """A new key for a request_id that already has its payment (23505): the same caller's same
     request gets it back as a replay of its first answer; anything else is a 409."""
-    cursor = await conn.execute(SAME_REQUEST, (
-        scope.tenant, intent["request_id"], scope.principal, intent["amount_minor"],
-        intent["currency"], intent["payee"]))
+    values = [intent[field] for field in FIELDS]
+    cursor = await conn.execute(SAME_REQUEST, (scope.tenant, scope.principal, *values))
     row = await cursor.fetchone()
     return tombstoned.ReplayByBusinessId(row[1], row[0], status_code=201) if row else None
 
@@ -162,12 +167,13 @@ async def create_payment(
 ) -> tombstoned.Completed:
     """Only the key's owner gets here, inside the claim's transaction: the payment, its event
     and the answer commit together, or none of them does."""
-    cursor = await tx.execute(INSERT_PAYMENT, (
-        tx.scope.tenant, tx.scope.principal, intent["request_id"], intent["amount_minor"],
-        intent["currency"], intent["payee"]))
+    values = [intent[field] for field in FIELDS]
+    cursor = await tx.execute(INSERT_PAYMENT, (tx.scope.tenant, tx.scope.principal, *values))
     [(payment_id, payment)] = await cursor.fetchall()
     await tx.enqueue_event(payment_id, "payment.created", payment)
     return await tx.complete(201, payment, payment_id)
+
+
 # --- README end
 
 
@@ -179,7 +185,8 @@ async def show_payment(
         cursor = await conn.execute(
             "SELECT payment_body(p)::text FROM payments AS p"
             " WHERE p.tenant_id = %s AND p.payment_id::text = %s",
-            (caller.tenant, payment_id))
+            (caller.tenant, payment_id),
+        )
         row = await cursor.fetchone()
     if row is None:
         raise HTTPException(404, "no such payment")
@@ -190,8 +197,11 @@ def main() -> None:
     if not DATABASE_URL:
         sys.exit("DATABASE_URL is not set")
     for caller in TOKENS.values() if isinstance(TOKENS, dict) else [None]:
-        if not (isinstance(caller, dict) and isinstance(caller.get("tenant"), str)
-                and isinstance(caller.get("principal"), str)):
+        if not (
+            isinstance(caller, dict)
+            and isinstance(caller.get("tenant"), str)
+            and isinstance(caller.get("principal"), str)
+        ):
             sys.exit('PAYMENTS_TOKENS: {"token": {"tenant": ..., "principal": ...}, ...}')
     listener = socket.socket()
     listener.bind(("127.0.0.1", int(os.environ.get("PORT", "8080"))))

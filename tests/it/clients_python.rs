@@ -3,7 +3,8 @@
 //! adapter under uvicorn and the Django adapter under waitress driven over HTTP, a stress run
 //! with the daemon's cleaner, the wheel and sdist, the README samples) against a fresh database
 //! migrated by the daemon with a service role that has only the documented grants
-//! (`clients_support`), and `mypy --strict` over the package, its tests and the FastAPI example.
+//! (`clients_support`); and `mypy --strict`, `ruff check` and `ruff format --check` over the
+//! package, its tests and the FastAPI example.
 //!
 //! `clients/setup python` makes the venv from the pinned requirements first (a no-op when made):
 //! a missing interpreter or package fails the test, never skips it.
@@ -47,17 +48,33 @@ async fn python_client_suite() {
 }
 
 #[test]
-fn python_client_is_mypy_strict_clean() {
+fn python_client_passes_mypy_strict_and_ruff() {
     let python = setup();
-    let output = Command::new(&python)
-        .args(["-m", "mypy"])
-        .current_dir(project())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run mypy: {e}"));
-    assert!(
-        output.status.success(),
-        "mypy --strict (clients/python/pyproject.toml) failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let sources = [
+        "src",
+        "tests",
+        "tools",
+        "../../examples/python-payments/service.py",
+    ];
+    let ruff = project().join(".venv/bin/ruff");
+    let checks: [(&std::path::Path, Vec<&str>); 3] = [
+        (&python, vec!["-m", "mypy"]),
+        (&ruff, [&["check"][..], &sources].concat()),
+        (&ruff, [&["format", "--check"][..], &sources].concat()),
+    ];
+    // The settings of each are in clients/python/pyproject.toml.
+    for (program, args) in checks {
+        let output = Command::new(program)
+            .args(&args)
+            .current_dir(project())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+        assert!(
+            output.status.success(),
+            "{} {args:?} failed in clients/python:\n{}{}",
+            program.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Union
+from typing import Any
 
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -24,13 +24,19 @@ from payments_api import (
     parse_payment,
     payment_url,
 )
-from support import BUSINESS_CONSTRAINT, SCHEMA, find_payment_async, insert_payment_async, service_url
+from support import (
+    BUSINESS_CONSTRAINT,
+    SCHEMA,
+    find_payment_async,
+    insert_payment_async,
+    service_url,
+)
 from tombstoned.fastapi import idempotent
 
 APPLICATION_NAME = "py-fastapi-tests"
 
 
-def authenticate(authorization: Union[str, None] = Header(default=None)) -> tombstoned.Caller:
+def authenticate(authorization: str | None = Header(default=None)) -> tombstoned.Caller:
     try:
         return caller_of(authorization)
     except Refused as e:
@@ -76,6 +82,7 @@ def make_app() -> FastAPI:
     @app.exception_handler(HandlerFailed)
     async def failed(request: Request, error: HandlerFailed) -> JSONResponse:
         return JSONResponse({"error": str(error)}, status_code=500)
+
     route: dict[str, Any] = dict(
         operation=OPERATION,
         caller=authenticate,

@@ -15,7 +15,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 class CommitCutter:
     def __init__(self, upstream_url: str) -> None:
         params = conninfo_to_dict(upstream_url)
-        self.upstream = (str(params.get("host") or "127.0.0.1"), int(str(params.get("port") or 5432)))
+        self.upstream = (
+            str(params.get("host") or "127.0.0.1"),
+            int(str(params.get("port") or 5432)),
+        )
         self.upstream_url = upstream_url
         #: Set by the test right before the request whose commit is lost.
         self.armed = False
@@ -56,7 +59,11 @@ class CommitCutter:
                 kind = await client_r.readexactly(1)
                 (length,) = struct.unpack("!i", await client_r.readexactly(4))
                 message = kind + struct.pack("!i", length) + await client_r.readexactly(length - 4)
-                if self.armed and kind == b"Q" and message[5:].rstrip(b"\0").strip().upper() == b"COMMIT":
+                if (
+                    self.armed
+                    and kind == b"Q"
+                    and message[5:].rstrip(b"\0").strip().upper() == b"COMMIT"
+                ):
                     self.armed = False
                     self.cut += 1
                     answers.cancel()  # nothing more reaches the client

@@ -100,7 +100,8 @@ def intent(request_id: str, amount_minor: int = 1250) -> dict[str, Any]:
 
 
 #: The tests' business write: one payment, and its representation as jsonb (a dict here).
-INSERT_PAYMENT = """INSERT INTO public.py_payments AS p (tenant_id, principal_id, request_id, amount_minor)
+INSERT_PAYMENT = """INSERT INTO public.py_payments AS p
+    (tenant_id, principal_id, request_id, amount_minor)
 VALUES (%s, %s, %s, %s)
 RETURNING p.payment_id::text, public.py_payment_body(p)"""
 
@@ -252,4 +253,3 @@ def tombstoned_record(conn: psycopg.Connection[Any], key: str) -> bool:
         (key,),
     ).fetchone()
     return bool(row and row[0])
-

@@ -68,8 +68,14 @@ def test_the_whole_lifecycle(server: Running, admin_conn: psycopg.Connection[Any
     payment: dict[str, Any] = {"request_id": f"{server.name}-{key}", "amount_minor": 1250}
     with httpx.Client(base_url=server.base, timeout=PATIENCE) as http:
         # Refused before any transaction: no key consumed.
-        assert post(http, "/payments", key, payment, {"Authorization": "Bearer nope"}).status_code == 401
-        assert post(http, "/payments", key, {"request_id": "x", "amount_minor": "12"}).status_code == 400
+        assert (
+            post(http, "/payments", key, payment, {"Authorization": "Bearer nope"}).status_code
+            == 401
+        )
+        assert (
+            post(http, "/payments", key, {"request_id": "x", "amount_minor": "12"}).status_code
+            == 400
+        )
         for bad in (None, "", "has space", "x" * 256):
             refused = post(http, "/payments", bad, payment)
             assert (refused.status_code, problem(refused)) == (400, "invalid-idempotency-key")
@@ -133,7 +139,10 @@ def test_a_second_request_waits_for_the_first_and_replays_it(
 ) -> None:
     key = new_key()
     payment: dict[str, Any] = {"request_id": f"{server.name}-{key}", "amount_minor": 700}
-    with httpx.Client(base_url=server.base, timeout=PATIENCE) as http, ThreadPoolExecutor(2) as pool:
+    with (
+        httpx.Client(base_url=server.base, timeout=PATIENCE) as http,
+        ThreadPoolExecutor(2) as pool,
+    ):
         with business_table_locked() as lock:
             first = pool.submit(post, http, "/payments", key, payment)
             (owner,) = wait_for_lock_waits(admin_conn, server.application_name, 1)
@@ -156,7 +165,10 @@ def test_a_second_request_outlasting_its_lock_timeout_gets_409(
 ) -> None:
     key = new_key()
     payment: dict[str, Any] = {"request_id": f"{server.name}-{key}", "amount_minor": 800}
-    with httpx.Client(base_url=server.base, timeout=PATIENCE) as http, ThreadPoolExecutor(1) as pool:
+    with (
+        httpx.Client(base_url=server.base, timeout=PATIENCE) as http,
+        ThreadPoolExecutor(1) as pool,
+    ):
         first: Future[httpx.Response]
         with business_table_locked():
             first = pool.submit(post, http, "/payments", key, payment)

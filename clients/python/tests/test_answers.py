@@ -74,7 +74,9 @@ def inputs(
 
 
 def _outcome_unknown() -> tombstoned.TombstonedError:
-    mapped = tombstoned.classify(psycopg.OperationalError("server closed the connection"), at_commit=True)
+    mapped = tombstoned.classify(
+        psycopg.OperationalError("server closed the connection"), at_commit=True
+    )
     assert isinstance(mapped, tombstoned.OutcomeUnknown)
     return mapped
 
@@ -100,7 +102,9 @@ def test_answers_are_the_shared_table(conn: psycopg.Connection[Any], case: dict[
         assert document["type"] == CASES["problem_type_prefix"] + case["problem"]
         assert (document["title"], document["status"]) == (case["title"], status)
         assert isinstance(document["detail"], str) and document["detail"]
-        members = {k: v for k, v in document.items() if k not in ("type", "title", "status", "detail")}
+        members = {
+            k: v for k, v in document.items() if k not in ("type", "title", "status", "detail")
+        }
         assert sorted(members) == sorted(case.get("members", [])), given
         if members:
             assert members == {"resource_id": "pay-1", "resource_url": URL}

@@ -27,7 +27,10 @@ HOUR = timedelta(hours=1)
 
 
 def check_the_loss(
-    admin: psycopg.Connection[Any], error: BaseException, retried: tombstoned.Result, request_id: str
+    admin: psycopg.Connection[Any],
+    error: BaseException,
+    retried: tombstoned.Result,
+    request_id: str,
 ) -> None:
     assert isinstance(error, tombstoned.OutcomeUnknown), repr(error)
     assert error.sqlstate is None or error.sqlstate.startswith("08")

@@ -14,7 +14,6 @@ import pytest
 from psycopg import sql
 
 import tombstoned
-from tombstoned import aio
 from support import (
     SCHEMA,
     SCOPE,
@@ -29,6 +28,7 @@ from support import (
     payments_of,
     tombstoned_record,
 )
+from tombstoned import aio
 
 HOUR = timedelta(hours=1)
 
@@ -72,7 +72,8 @@ def test_every_outcome_through_the_sync_core(admin_conn: psycopg.Connection[Any]
         assert stored(admin_conn, key, payment) == (text, True), "the fingerprint is the server's"
         events = admin_conn.execute(
             sql.SQL(
-                "SELECT event_id, aggregate_id, event_type FROM {}.outbox_events WHERE event_id = %s"
+                "SELECT event_id, aggregate_id, event_type FROM {}.outbox_events"
+                " WHERE event_id = %s"
             ).format(sql.Identifier(SCHEMA)),
             (event,),
         ).fetchall()
@@ -120,7 +121,9 @@ async def test_every_outcome_through_the_asyncio_core(admin_conn: psycopg.Connec
             owner = await aio.claim(conn, SCOPE, key, payment, "1 hour", "2 seconds", schema=SCHEMA)
             assert isinstance(owner, tombstoned.Owner)
             payment_id, body = await insert_payment_async(conn, SCOPE, payment)
-            await aio.enqueue_event(conn, TENANT, payment_id, "payment.created", body, schema=SCHEMA)
+            await aio.enqueue_event(
+                conn, TENANT, payment_id, "payment.created", body, schema=SCHEMA
+            )
             text = await aio.complete(conn, SCOPE, key, 201, body, payment_id, schema=SCHEMA)
         assert stored(admin_conn, key, payment) == (text, True)
         async with conn.transaction():

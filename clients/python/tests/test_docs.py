@@ -18,7 +18,9 @@ from psycopg import sql
 from support import PATIENCE, REPO, SCHEMA, SERVICE_ROLE, SERVICE_URL, admin
 
 PACKAGE = Path(__file__).resolve().parents[1]
-FENCE = re.compile(r"^(?:<!-- (?P<marker>[^>]*) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```\n", re.M | re.S)
+FENCE = re.compile(
+    r"^(?:<!-- (?P<marker>[^>]*) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```\n", re.M | re.S
+)
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
@@ -42,7 +44,11 @@ def blocks(readme: Path, section: str | None = None) -> list[Block]:
             continue
         after = found[i + 1] if i + 1 < len(found) else None
         output = None
-        if after is not None and after["lang"] == "text" and text[match.end() : after.start()].strip() == "":
+        if (
+            after is not None
+            and after["lang"] == "text"
+            and text[match.end() : after.start()].strip() == ""
+        ):
             output = after["body"]
         out.append(Block(readme, match["marker"], match["lang"], match["body"], output))
     return out
@@ -63,7 +69,9 @@ def test_every_sample_is_run_or_quoted() -> None:
 
 
 @pytest.mark.parametrize(
-    "block", [b for b in SAMPLES if (b.marker or "").startswith("quoted: ")], ids=lambda b: b.body[:30]
+    "block",
+    [b for b in SAMPLES if (b.marker or "").startswith("quoted: ")],
+    ids=lambda b: b.body[:30],
 )
 def test_quoted_samples_are_verbatim(block: Block) -> None:
     source = block.readme.parent / (block.marker or "").removeprefix("quoted: ")
@@ -78,12 +86,15 @@ def payments_table() -> None:
         conn.execute((REPO / "examples" / "payments.sql").read_text().encode())
         conn.execute(
             sql.SQL(
-                "ALTER TABLE payments OWNER TO {r}; ALTER FUNCTION payment_body(payments) OWNER TO {r}"
+                "ALTER TABLE payments OWNER TO {r};"
+                " ALTER FUNCTION payment_body(payments) OWNER TO {r}"
             ).format(r=sql.Identifier(SERVICE_ROLE))
         )
 
 
-@pytest.mark.parametrize("block", [b for b in SAMPLES if b.marker == "run"], ids=lambda b: b.body[:30])
+@pytest.mark.parametrize(
+    "block", [b for b in SAMPLES if b.marker == "run"], ids=lambda b: b.body[:30]
+)
 def test_run_samples_print_what_the_readme_shows(block: Block, payments_table: None) -> None:
     done = subprocess.run(
         [sys.executable, "-c", block.body],

@@ -70,14 +70,18 @@ def test_22023_names_the_argument() -> None:
 def test_55p03_while_the_owner_is_in_flight_then_the_key_is_free() -> None:
     key = new_key()
     with psycopg.connect(SERVICE_URL) as holder, psycopg.connect(SERVICE_URL) as other:
-        assert isinstance(tombstoned.claim(holder, SCOPE, key, {}, HOUR, schema=SCHEMA), tombstoned.Owner)
+        assert isinstance(
+            tombstoned.claim(holder, SCOPE, key, {}, HOUR, schema=SCHEMA), tombstoned.Owner
+        )
         with pytest.raises(tombstoned.InProgress) as busy:
             tombstoned.claim(other, SCOPE, key, {}, HOUR, timedelta(milliseconds=50), schema=SCHEMA)
         assert (busy.value.sqlstate, busy.value.retry_after) == ("55P03", 1)
         other.rollback()
         holder.rollback()
         # The owner rolled back: the retry with the same key owns it.
-        assert isinstance(tombstoned.claim(other, SCOPE, key, {}, HOUR, schema=SCHEMA), tombstoned.Owner)
+        assert isinstance(
+            tombstoned.claim(other, SCOPE, key, {}, HOUR, schema=SCHEMA), tombstoned.Owner
+        )
         other.rollback()
 
 
@@ -97,8 +101,10 @@ def test_ts002_ts004_and_ts005() -> None:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         with pytest.raises(psycopg.Error) as wrong:
             conn.execute(
-                sql.SQL("SELECT * FROM {}.endpoint_claim_rejected(NULL, NULL, NULL, NULL, NULL,"
-                        " NULL, NULL, NULL, NULL)").format(sql.Identifier(SCHEMA))
+                sql.SQL(
+                    "SELECT * FROM {}.endpoint_claim_rejected(NULL, NULL, NULL, NULL, NULL,"
+                    " NULL, NULL, NULL, NULL)"
+                ).format(sql.Identifier(SCHEMA))
             )
         mapped = tombstoned.classify(wrong.value)
         assert isinstance(mapped, tombstoned.WrongIsolation) and mapped.sqlstate == "TS005"
@@ -126,7 +132,9 @@ def test_ts003_a_handler_that_returns_without_completing_commits_nothing(
             return tx.complete(201, body, payment_id)
 
         # The key was not consumed: the retry owns it.
-        assert isinstance(runner(conn).execute(SCOPE, key, payment, completes), tombstoned.Completed)
+        assert isinstance(
+            runner(conn).execute(SCOPE, key, payment, completes), tombstoned.Completed
+        )
 
 
 def test_a_handler_raising_after_its_business_write_commits_nothing(
@@ -155,9 +163,11 @@ def test_40001_under_repeatable_read_when_a_waited_for_owner_commits(
 ) -> None:
     key = new_key()
     app = f"py-rr-{key[2:14]}"
-    with psycopg.connect(SERVICE_URL) as holder, psycopg.connect(
-        service_url(application_name=app)
-    ) as racer, ThreadPoolExecutor(1) as pool:
+    with (
+        psycopg.connect(SERVICE_URL) as holder,
+        psycopg.connect(service_url(application_name=app)) as racer,
+        ThreadPoolExecutor(1) as pool,
+    ):
         tombstoned.claim(holder, SCOPE, key, {}, HOUR, schema=SCHEMA)
         racer.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         racer.execute("SELECT 1")  # the snapshot: taken before the owner commits
@@ -196,9 +206,11 @@ def test_40p01_a_deadlock_runs_the_whole_transaction_again(
         return tx.complete(201, {"attempt": attempts})
 
     enqueue = sql.SQL("SELECT {}.enqueue_event(%s, %s, 't', '{{}}')").format(sql.Identifier(SCHEMA))
-    with psycopg.connect(ADMIN_URL) as other, psycopg.connect(
-        service_url(application_name=app), autocommit=True
-    ) as conn, ThreadPoolExecutor(2) as pool:
+    with (
+        psycopg.connect(ADMIN_URL) as other,
+        psycopg.connect(service_url(application_name=app), autocommit=True) as conn,
+        ThreadPoolExecutor(2) as pool,
+    ):
         other.execute("SET deadlock_timeout = '10min'")
         other.execute(enqueue, (TENANT, agg_b))
         run = pool.submit(runner(conn).execute, SCOPE, key, {}, handler)
@@ -212,7 +224,6 @@ def test_40p01_a_deadlock_runs_the_whole_transaction_again(
         result = run.result(PATIENCE)
     assert result == tombstoned.Completed(201, '{"attempt": 2}', None)
     assert attempts == 2
-
 
 
 def test_retries_exhausted_after_three_serialization_failures() -> None:
@@ -273,9 +284,11 @@ def test_a_backend_terminated_before_commit_is_unavailable_and_commits_nothing(
         insert_payment(tx.conn, SCOPE, payment)
         tx.enqueue_event(aggregate, "t", {})  # waits for the admin session's lock
 
-    with psycopg.connect(ADMIN_URL) as other, psycopg.connect(
-        service_url(application_name=app), autocommit=True
-    ) as conn, ThreadPoolExecutor(1) as pool:
+    with (
+        psycopg.connect(ADMIN_URL) as other,
+        psycopg.connect(service_url(application_name=app), autocommit=True) as conn,
+        ThreadPoolExecutor(1) as pool,
+    ):
         other.execute(
             sql.SQL("SELECT {}.enqueue_event(%s, %s, 't', '{{}}')").format(sql.Identifier(SCHEMA)),
             (TENANT, aggregate),
@@ -328,7 +341,9 @@ def small_role() -> Iterator[str]:
 
 def test_class_53_out_of_resources(small_role: str) -> None:
     def sorts_too_much(tx: tombstoned.Transaction) -> None:
-        tx.conn.execute("SELECT count(*) FROM (SELECT g FROM generate_series(1, 200000) g ORDER BY g DESC) s")
+        tx.conn.execute(
+            "SELECT count(*) FROM (SELECT g FROM generate_series(1, 200000) g ORDER BY g DESC) s"
+        )
 
     with psycopg.connect(role_url(small_role, "small"), autocommit=True) as conn:
         with pytest.raises(tombstoned.OutOfResources) as exhausted:

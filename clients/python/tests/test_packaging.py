@@ -13,9 +13,20 @@ from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
 MODULES = {
-    "__init__.py", "py.typed", "_adapter.py", "_calls.py", "_runner.py", "_runner_async.py",
-    "_statements.py", "aio.py", "answers.py", "core.py", "django.py", "errors.py",
-    "fastapi.py", "outcomes.py",
+    "__init__.py",
+    "py.typed",
+    "_adapter.py",
+    "_calls.py",
+    "_runner.py",
+    "_runner_async.py",
+    "_statements.py",
+    "aio.py",
+    "answers.py",
+    "core.py",
+    "django.py",
+    "errors.py",
+    "fastapi.py",
+    "outcomes.py",
 }
 
 
@@ -55,10 +66,21 @@ def test_wheel_and_sdist_build_and_the_wheel_installs(tmp_path: Path) -> None:
     (site,) = venv.glob("lib/python*/site-packages")
     (ours,) = Path(sys.prefix).glob("lib/python*/site-packages")
     (site / "test-venv.pth").write_text(f"{ours}\n")
-    run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install",
-        "--no-deps", "--no-index", "--quiet", wheel)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        venv / "bin" / "python",
+        "install",
+        "--no-deps",
+        "--no-index",
+        "--quiet",
+        wheel,
+    )
     out = run(
-        venv / "bin" / "python", "-c",
+        venv / "bin" / "python",
+        "-c",
         "import pathlib, tombstoned, tombstoned.fastapi, tombstoned.django;"
         "print(tombstoned.__version__, tombstoned.API_VERSION,"
         " pathlib.Path(tombstoned.__file__).parent,"

@@ -67,7 +67,9 @@ def pool() -> Any:
         yield pool
 
 
-def test_sync_runner_answers_every_outcome(pool: ConnectionPool[Any], admin_conn: psycopg.Connection[Any]) -> None:
+def test_sync_runner_answers_every_outcome(
+    pool: ConnectionPool[Any], admin_conn: psycopg.Connection[Any]
+) -> None:
     idempotency = tombstoned.Idempotency(pool, schema=SCHEMA, replay_window=HOUR)
     business_id = tombstoned.BusinessId(BUSINESS_CONSTRAINT, find_payment)
     key = new_key()
@@ -153,4 +155,6 @@ def test_the_runner_refuses_a_connection_inside_a_transaction() -> None:
     with psycopg.connect(SERVICE_URL) as conn:
         conn.execute("SELECT 1")  # a transaction is open (not autocommit)
         with pytest.raises(RuntimeError, match="outside any"):
-            tombstoned.Idempotency(conn, schema=SCHEMA).execute(SCOPE, new_key(), {}, lambda tx: None)
+            tombstoned.Idempotency(conn, schema=SCHEMA).execute(
+                SCOPE, new_key(), {}, lambda tx: None
+            )

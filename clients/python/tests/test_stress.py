@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -79,7 +78,9 @@ def test_stress_both_adapters_with_the_cleaner_running(
     fastapi_server: Running, django_server: Running, admin_conn: psycopg.Connection[Any]
 ) -> None:
     count = int(SECONDS * KEYS_PER_SECOND) + WINDOW
-    servers = {s.name: (s, [new_key() for _ in range(count)]) for s in (fastapi_server, django_server)}
+    servers = {
+        s.name: (s, [new_key() for _ in range(count)]) for s in (fastapi_server, django_server)
+    }
     start = time.monotonic()
     deadline = start + SECONDS
     tombstoned_rows = 0
@@ -120,7 +121,9 @@ def test_stress_both_adapters_with_the_cleaner_running(
         assert len({e.body for e in seen if e.status == 201}) <= 1, f"{key}: two different 201s"
         if owners:
             # The owner's intent is never refused as another one; the other is never answered.
-            refused_own = [e for e in seen if e.own_intent == owners[0].own_intent and e.status == 422]
+            refused_own = [
+                e for e in seen if e.own_intent == owners[0].own_intent and e.status == 422
+            ]
             assert not refused_own, key
         expired = [e.ended for e in seen if e.status == 410]
         if expired:

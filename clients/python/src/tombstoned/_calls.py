@@ -7,7 +7,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Union
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -27,7 +27,7 @@ DEFAULT_LOCK_TIMEOUT = timedelta(seconds=2)
 DEFAULT_REPLAY_WINDOW = timedelta(hours=24)
 
 #: An interval: a timedelta, or PostgreSQL's own spelling ("24 hours", "2 seconds").
-Interval = Union[timedelta, str]
+Interval = timedelta | str
 
 # The schemas whose api_version() each connection has checked (weak: a closed connection that
 # is collected takes its entry along).

@@ -8,11 +8,11 @@ is OutcomeUnknown, never a failure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 from uuid import UUID
 
 from psycopg import Connection, Cursor
@@ -20,7 +20,6 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from ._statements import JSONB_TEXT, START
 from . import core as calls
 from ._calls import (
     DEFAULT_LOCK_TIMEOUT,
@@ -29,6 +28,7 @@ from ._calls import (
     Interval,
     unique_violation,
 )
+from ._statements import JSONB_TEXT, START
 from .errors import ClaimNotCompleted, RetriesExhausted, SerializationFailure, classify
 from .outcomes import (
     Completed,
@@ -75,9 +75,7 @@ class Transaction:
         #: What complete() stored, once it was called.
         self.completed: Completed | None = None
 
-    def execute(
-        self, query: Any, params: Any = None
-    ) -> Cursor[Any]:
+    def execute(self, query: Any, params: Any = None) -> Cursor[Any]:
         """``conn.execute``: a statement of the business write."""
         return self.conn.execute(query, params)
 
@@ -87,9 +85,7 @@ class Transaction:
             self.conn, self.scope.tenant, aggregate_id, event_type, payload, schema=self.schema
         )
 
-    def complete(
-        self, status_code: int, body: object, resource_id: str | None = None
-    ) -> Completed:
+    def complete(self, status_code: int, body: object, resource_id: str | None = None) -> Completed:
         """Stores the answer on the key's record; the runner sends exactly its text."""
         if self.key is None:
             cursor = self.conn.execute(JSONB_TEXT, (Jsonb(body),))
@@ -97,7 +93,12 @@ class Transaction:
             text: str = row[0] if row else ""
         else:
             text = calls.complete(
-                self.conn, self.scope, self.key, status_code, body, resource_id,
+                self.conn,
+                self.scope,
+                self.key,
+                status_code,
+                body,
+                resource_id,
                 schema=self.schema,
             )
         self.completed = Completed(status_code, text, resource_id)
@@ -105,13 +106,11 @@ class Transaction:
 
 
 #: A handler: the owner's business write. Return ``tx.complete(...)``.
-Handler = Callable[[Transaction], Union[Completed, None]]
+Handler = Callable[[Transaction], Completed | None]
 
 #: Reads the object a business id names, in a transaction of its own: the existing object as
 #: a ReplayByBusinessId when it is the same caller's same intent, else None (a 409).
-Find = Callable[
-    [Connection[Any], Scope, Any], Union[ReplayByBusinessId, None]
-]
+Find = Callable[[Connection[Any], Scope, Any], ReplayByBusinessId | None]
 
 
 @dataclass(frozen=True)
@@ -221,7 +220,12 @@ class Idempotency:
             with self.transactions.transaction() as conn:
                 if key is not None:
                     outcome = calls.claim(
-                        conn, scope, key, intent, self.replay_window, self.lock_timeout,
+                        conn,
+                        scope,
+                        key,
+                        intent,
+                        self.replay_window,
+                        self.lock_timeout,
                         schema=self.schema,
                     )
                 if outcome is None or isinstance(outcome, Owner):

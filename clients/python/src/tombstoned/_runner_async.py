@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 from uuid import UUID
 
 from psycopg import AsyncConnection, AsyncCursor
@@ -18,7 +18,6 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from ._statements import JSONB_TEXT, START
 from . import aio as calls
 from ._calls import (
     DEFAULT_LOCK_TIMEOUT,
@@ -27,6 +26,7 @@ from ._calls import (
     Interval,
     unique_violation,
 )
+from ._statements import JSONB_TEXT, START
 from .errors import ClaimNotCompleted, RetriesExhausted, SerializationFailure, classify
 from .outcomes import (
     Completed,
@@ -73,9 +73,7 @@ class AsyncTransaction:
         #: What complete() stored, once it was called.
         self.completed: Completed | None = None
 
-    async def execute(
-        self, query: Any, params: Any = None
-    ) -> AsyncCursor[Any]:
+    async def execute(self, query: Any, params: Any = None) -> AsyncCursor[Any]:
         """``conn.execute``: a statement of the business write."""
         return await self.conn.execute(query, params)
 
@@ -95,7 +93,12 @@ class AsyncTransaction:
             text: str = row[0] if row else ""
         else:
             text = await calls.complete(
-                self.conn, self.scope, self.key, status_code, body, resource_id,
+                self.conn,
+                self.scope,
+                self.key,
+                status_code,
+                body,
+                resource_id,
                 schema=self.schema,
             )
         self.completed = Completed(status_code, text, resource_id)
@@ -103,13 +106,11 @@ class AsyncTransaction:
 
 
 #: A handler: the owner's business write. Return ``tx.complete(...)``.
-AsyncHandler = Callable[[AsyncTransaction], Awaitable[Union[Completed, None]]]
+AsyncHandler = Callable[[AsyncTransaction], Awaitable[Completed | None]]
 
 #: Reads the object a business id names, in a transaction of its own: the existing object as
 #: a ReplayByBusinessId when it is the same caller's same intent, else None (a 409).
-AsyncFind = Callable[
-    [AsyncConnection[Any], Scope, Any], Awaitable[Union[ReplayByBusinessId, None]]
-]
+AsyncFind = Callable[[AsyncConnection[Any], Scope, Any], Awaitable[ReplayByBusinessId | None]]
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,12 @@ class AsyncIdempotency:
             async with self.transactions.transaction() as conn:
                 if key is not None:
                     outcome = await calls.claim(
-                        conn, scope, key, intent, self.replay_window, self.lock_timeout,
+                        conn,
+                        scope,
+                        key,
+                        intent,
+                        self.replay_window,
+                        self.lock_timeout,
                         schema=self.schema,
                     )
                 if outcome is None or isinstance(outcome, Owner):

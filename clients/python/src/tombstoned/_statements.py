@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from psycopg import sql
 
@@ -32,7 +32,7 @@ class Statements:
     enqueue_event: sql.Composed
 
 
-@lru_cache(maxsize=None)
+@cache
 def in_schema(schema: str) -> Statements:
     def composed(template: str) -> sql.Composed:
         return sql.SQL(template).format(s=sql.Identifier(schema))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import psycopg
 from django.db import connections, transaction
@@ -34,12 +34,12 @@ from .answers import ResourceUrl
 from .errors import TombstonedError
 from .outcomes import Caller, Completed, Result, Scope
 
-__all__ = ["DjangoTransactions", "idempotency", "idempotent", "ViewHandler"]
+__all__ = ["DjangoTransactions", "ViewHandler", "idempotency", "idempotent"]
 
 Intent = TypeVar("Intent")
 
 #: The view's business write: ``(tx, intent)``; return ``tx.complete(...)``.
-ViewHandler = Callable[[Transaction, Intent], Union[Completed, None]]
+ViewHandler = Callable[[Transaction, Intent], Completed | None]
 View = Callable[..., HttpResponseBase]
 
 

@@ -16,7 +16,7 @@ is consumed). Replays, 422, 410, 409 + Retry-After and the 503s never reach the 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 from fastapi import Depends, Header, Request
 from fastapi.responses import Response
@@ -27,12 +27,12 @@ from .answers import ResourceUrl
 from .errors import TombstonedError
 from .outcomes import Caller, Completed, Result, Scope
 
-__all__ = ["idempotent", "RouteHandler"]
+__all__ = ["RouteHandler", "idempotent"]
 
 Intent = TypeVar("Intent")
 
 #: The route's business write: ``(tx, intent)``; return ``await tx.complete(...)``.
-RouteHandler = Callable[[AsyncTransaction, Intent], Awaitable[Union[Completed, None]]]
+RouteHandler = Callable[[AsyncTransaction, Intent], Awaitable[Completed | None]]
 
 
 def idempotent(
@@ -60,7 +60,7 @@ def idempotent(
             request: Request,
             who: Caller = Depends(caller),
             normalised: Any = Depends(intent),
-            idempotency_key: Union[str, None] = Header(
+            idempotency_key: str | None = Header(
                 default=None,
                 alias="Idempotency-Key",
                 description="1 to 255 visible ASCII characters; the same for every retry",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 
 class Caller(NamedTuple):
@@ -62,7 +62,7 @@ class Expired:
 
 
 #: claim()'s outcomes (lookup() gives the last three, or None).
-Outcome = Union[Owner, Replay, KeyReused, Expired]
+Outcome = Owner | Replay | KeyReused | Expired
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class DuplicateBusinessId:
 
 
 #: What a runner answers from.
-Result = Union[Completed, Replay, KeyReused, Expired, ReplayByBusinessId, DuplicateBusinessId]
+Result = Completed | Replay | KeyReused | Expired | ReplayByBusinessId | DuplicateBusinessId
 
 
 def outcome_from_row(row: tuple[Any, ...] | None) -> Outcome | None:
