@@ -1,5 +1,6 @@
-"""POST /payments with an Idempotency-Key, on tombstoned's SQL API: psycopg 3 and the standard
-library's http.server. See examples/README.md for the contract the three examples share.
+"""POST /payments with an Idempotency-Key, on the tombstoned client's FastAPI adapter
+(clients/python: its README lists the rules it keeps), psycopg 3's pool and uvicorn. See
+examples/README.md for the contract the three examples share.
 
 Environment:
   DATABASE_URL        the service role (USAGE on schema tombstoned, EXECUTE on its functions,
@@ -10,13 +11,24 @@ Environment:
   REPLAY_WINDOW       how long a key replays its answer (default "24 hours")
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
+import socket
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
-import psycopg
+import uvicorn
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+import tombstoned
+from tombstoned.fastapi import idempotent
 
 OPERATION = "create-payment"
 APPLICATION_NAME = "payments-python"
@@ -24,70 +36,70 @@ APPLICATION_NAME = "payments-python"
 CURRENCIES = {"EUR": 2, "USD": 2, "JPY": 0}
 DEFAULT_CURRENCY = "EUR"
 MAX_BODY_BYTES = 16 * 1024
-ATTEMPTS = 3
+AMOUNT = r"(0|[1-9][0-9]{0,11})(?:\.([0-9]+))?"
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 TOKENS = json.loads(os.environ.get("PAYMENTS_TOKENS", "{}"))
-LOCK_TIMEOUT = os.environ.get("CLAIM_LOCK_TIMEOUT", "2 seconds")
-REPLAY_WINDOW = os.environ.get("REPLAY_WINDOW", "24 hours")
 
-# Every statement takes its values as parameters.
-CLAIM = """SELECT outcome, status_code, response_body, resource_id
-  FROM tombstoned.claim(%s, %s, %s, %s, tombstoned.fingerprint(%s::jsonb),
-                        %s::interval, %s::interval)"""
-INSERT_PAYMENT = """INSERT INTO payments AS p
-    (tenant_id, principal_id, request_id, amount_minor, currency, payee)
-VALUES (%s, %s, %s, %s, %s, %s)
-RETURNING p.payment_id::text, payment_body(p)::text"""
-ENQUEUE = "SELECT tombstoned.enqueue_event(%s, %s, 'payment.created', %s::jsonb)"
-COMPLETE = "SELECT tombstoned.complete(%s, %s, %s, %s, 201, %s::jsonb, %s)"
-BY_REQUEST_ID = """SELECT p.principal_id = %s AND p.amount_minor = %s AND p.currency = %s
-           AND p.payee = %s,
-       payment_body(p)::text
-  FROM payments AS p
- WHERE p.tenant_id = %s AND p.request_id = %s"""
+# A request waits at most 5 s for a connection, then gets 503 + Retry-After.
+pool = AsyncConnectionPool(
+    DATABASE_URL,
+    open=False,
+    max_size=10,
+    timeout=5,
+    kwargs={"application_name": APPLICATION_NAME},
+)
+payments = tombstoned.AsyncIdempotency(
+    pool,
+    replay_window=os.environ.get("REPLAY_WINDOW", "24 hours"),
+    lock_timeout=os.environ.get("CLAIM_LOCK_TIMEOUT", "2 seconds"),
+)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    await pool.open()  # without waiting: a database that is down answers 503, not a dead service
+    yield
+    await pool.close()
+
+
+app = FastAPI(lifespan=lifespan)
 
 
 class Invalid(Exception):
     """The request is refused before any transaction: its key is not consumed."""
 
 
-class Again(Exception):
-    """Run the whole transaction again (40001, 40P01, or a conflict that went away)."""
+def authenticate(authorization: str | None = Header(default=None)) -> tombstoned.Caller:
+    """The scope comes from the caller's token, never from the request."""
+    token = authorization[7:] if authorization and authorization.startswith("Bearer ") else ""
+    caller = TOKENS.get(token)
+    if caller is None:
+        raise HTTPException(401, "unauthenticated", headers={"WWW-Authenticate": "Bearer"})
+    return tombstoned.Caller(caller["tenant"], caller["principal"])
 
 
-def answer(status, body, headers=None):
-    return status, body, headers or {}
-
-
-def problem(status, title, headers=None, **extra):
-    return answer(status, json.dumps({"status": status, "title": title, **extra}), headers)
-
-
-def in_progress():
-    return problem(409, "a request with this Idempotency-Key is still in progress: "
-                        "retry later with the same key", {"Retry-After": "1"})
-
-
-def minor_units(amount, exponent):
-    """"12.5" -> 1250 in a currency of exponent 2; a JSON number is not accepted."""
-    match = isinstance(amount, str) and re.fullmatch(r"(0|[1-9][0-9]{0,11})(?:\.([0-9]+))?", amount)
+def minor_units(amount: object, exponent: int) -> int:
+    """ "12.5" -> 1250 in a currency of exponent 2; a JSON number is not accepted."""
+    match = re.fullmatch(AMOUNT, amount) if isinstance(amount, str) else None
     if not match or len(match.group(2) or "") > exponent:
         raise Invalid(f"amount: a decimal string with at most {exponent} decimals")
-    minor = int(match.group(1)) * 10 ** exponent + int((match.group(2) or "").ljust(exponent, "0") or "0")
+    minor: int = int(match.group(1)) * 10**exponent + int(
+        (match.group(2) or "").ljust(exponent, "0") or "0"
+    )
     if minor <= 0:
         raise Invalid("amount: must be positive")
     return minor
 
 
-def text_field(doc, name, longest):
+def text_field(doc: dict[str, Any], name: str, longest: int) -> str:
     value = doc.get(name)
     if not isinstance(value, str) or not 1 <= len(value) <= longest:
         raise Invalid(f"{name}: a string of 1 to {longest} characters")
     return value
 
 
-def parse_intent(raw):
+def parse_intent(raw: bytes) -> dict[str, Any]:
     """The normalised intent: defaults applied, the amount in minor units. Its fingerprint is
     tombstoned.fingerprint() of exactly this object."""
     try:
@@ -108,152 +120,95 @@ def parse_intent(raw):
     }
 
 
-# --- README begin
-def attempt(conn, tenant, principal, key, intent):
-    """One READ COMMITTED transaction: claim, then act on the outcome."""
-    stage = "claim"
+async def payment_intent(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise HTTPException(413, f"the body must be at most {MAX_BODY_BYTES} bytes")
     try:
-        with conn.transaction():
-            outcome, status, body, resource = conn.execute(CLAIM, (
-                tenant, principal, OPERATION, key, json.dumps(intent),
-                REPLAY_WINDOW, LOCK_TIMEOUT)).fetchone()
-            if outcome == "owner":
-                # Only the owner writes: the business row, its event, the answer.
-                stage = "write"
-                resource, created = conn.execute(INSERT_PAYMENT, (
-                    tenant, principal, intent["request_id"], intent["amount_minor"],
-                    intent["currency"], intent["payee"])).fetchone()
-                conn.execute(ENQUEUE, (tenant, resource, created))
-                (body,) = conn.execute(COMPLETE, (
-                    tenant, principal, OPERATION, key, created, resource)).fetchone()
-                status = 201
-            stage = "commit"
-        # Leaving the block committed, right after a replay's read too: the cleaner waits for
-        # that share lock. No remote call happened inside.
-    except psycopg.Error as e:
-        if e.sqlstate == "55P03":          # the key's owner is still in flight
-            return in_progress()
-        if e.sqlstate == "23505" and e.diag.constraint_name == "payments_request_id_key":
-            return by_request_id(conn, tenant, principal, intent)
-        if e.sqlstate in ("40001", "40P01"):
-            raise Again() from e
-        if e.sqlstate == "25006":          # a read-only server: a standby, mid-failover
-            return problem(503, "database read-only: retry with the same Idempotency-Key",
-                           {"Retry-After": "1"})
-        if stage == "commit" and (e.sqlstate is None or e.sqlstate.startswith("08")):
-            return problem(503, "outcome unknown: retry with the same Idempotency-Key",
-                           {"Retry-After": "1"})
-        raise
-    location = {"Location": f"/payments/{resource}"}
-    if outcome == "owner":
-        return answer(201, body, location)      # complete's text: what every replay sends
-    if outcome == "replay":
-        return answer(status, body, {**location, "Idempotent-Replayed": "true"})
-    if outcome == "key_reused":
-        return problem(422, "this Idempotency-Key was used for another request")
-    if outcome == "expired":
-        return problem(410, "beyond the replay window: look the payment up",
-                       location, payment_id=resource)
-    raise RuntimeError(f"unknown claim outcome {outcome!r}")
+        return parse_intent(raw)
+    except Invalid as e:
+        raise HTTPException(400, str(e)) from None
+
+
+# --- README begin
+INSERT_PAYMENT = """INSERT INTO payments AS p
+    (tenant_id, principal_id, request_id, amount_minor, currency, payee)
+VALUES (%s, %s, %s, %s, %s, %s)
+RETURNING p.payment_id::text, payment_body(p)"""
+SAME_REQUEST = """SELECT p.payment_id::text, payment_body(p)::text FROM payments AS p
+ WHERE p.tenant_id = %s AND p.principal_id = %s AND p.request_id = %s
+   AND p.amount_minor = %s AND p.currency = %s AND p.payee = %s"""
+FIELDS = ("request_id", "amount_minor", "currency", "payee")
+
+
+async def same_request(
+    conn: AsyncConnection[Any], scope: tombstoned.Scope, intent: dict[str, Any]
+) -> tombstoned.ReplayByBusinessId | None:
+    """A new key for a request_id that already has its payment (23505): the same caller's same
+    request gets it back as a replay of its first answer; anything else is a 409."""
+    values = [intent[field] for field in FIELDS]
+    cursor = await conn.execute(SAME_REQUEST, (scope.tenant, scope.principal, *values))
+    row = await cursor.fetchone()
+    return tombstoned.ReplayByBusinessId(row[1], row[0], status_code=201) if row else None
+
+
+@app.post("/payments")
+@idempotent(
+    payments,
+    operation=OPERATION,
+    caller=authenticate,
+    intent=payment_intent,
+    resource_url=lambda payment_id: f"/payments/{payment_id}",
+    resource_name="payment",
+    business_id=tombstoned.AsyncBusinessId("payments_request_id_key", same_request),
+)
+async def create_payment(
+    tx: tombstoned.AsyncTransaction, intent: dict[str, Any]
+) -> tombstoned.Completed:
+    """Only the key's owner gets here, inside the claim's transaction: the payment, its event
+    and the answer commit together, or none of them does."""
+    values = [intent[field] for field in FIELDS]
+    cursor = await tx.execute(INSERT_PAYMENT, (tx.scope.tenant, tx.scope.principal, *values))
+    [(payment_id, payment)] = await cursor.fetchall()
+    await tx.enqueue_event(payment_id, "payment.created", payment)
+    return await tx.complete(201, payment, payment_id)
+
+
 # --- README end
 
 
-def by_request_id(conn, tenant, principal, intent):
-    """The transaction rolled back on the business id: the request already has a payment,
-    made under another key. The same caller's same request gets it as a replay; anything else
-    is a conflict that says nothing of the other payment."""
-    row = conn.execute(BY_REQUEST_ID, (
-        principal, intent["amount_minor"], intent["currency"], intent["payee"],
-        tenant, intent["request_id"])).fetchone()
+@app.get("/payments/{payment_id}")
+async def show_payment(
+    payment_id: str, caller: tombstoned.Caller = Depends(authenticate)
+) -> Response:
+    async with pool.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT payment_body(p)::text FROM payments AS p"
+            " WHERE p.tenant_id = %s AND p.payment_id::text = %s",
+            (caller.tenant, payment_id),
+        )
+        row = await cursor.fetchone()
     if row is None:
-        raise Again()
-    same, body = row
-    if not same:
-        return problem(409, "request_id already names another payment")
-    return answer(201, body, {"Idempotent-Replayed": "true"})
+        raise HTTPException(404, "no such payment")
+    return Response(row[0], media_type="application/json")
 
 
-def create_payment(tenant, principal, key, intent):
-    with psycopg.connect(DATABASE_URL, autocommit=True,
-                         application_name=APPLICATION_NAME) as conn:
-        # The protocol's level, whatever the server's default is.
-        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-        for _ in range(ATTEMPTS):
-            try:
-                return attempt(conn, tenant, principal, key, intent)
-            except Again:
-                continue
-    return problem(503, "busy: retry with the same Idempotency-Key", {"Retry-After": "1"})
-
-
-def handle(method, path, headers, raw):
-    if path != "/payments":
-        return problem(404, "not found")
-    if method != "POST":
-        return problem(405, "method not allowed", {"Allow": "POST"})
-    authorization = headers.get("Authorization", "")
-    caller = TOKENS.get(authorization[7:]) if authorization.startswith("Bearer ") else None
-    if caller is None:
-        return problem(401, "unauthenticated", {"WWW-Authenticate": "Bearer"})
-    key = headers.get("Idempotency-Key")
-    if key is None or not 1 <= len(key) <= 255:
-        return problem(400, "Idempotency-Key: a header of 1 to 255 characters")
-    try:
-        intent = parse_intent(raw)
-    except Invalid as e:
-        return problem(400, str(e))
-    try:
-        return create_payment(caller["tenant"], caller["principal"], key, intent)
-    except psycopg.OperationalError:
-        return problem(503, "database unavailable: retry with the same Idempotency-Key",
-                       {"Retry-After": "1"})
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self):
-        self.serve()
-
-    def do_GET(self):
-        self.serve()
-
-    def serve(self):
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY_BYTES:
-            status, body, headers = problem(413, f"the body must be at most {MAX_BODY_BYTES} bytes")
-            self.close_connection = True
-        else:
-            raw = self.rfile.read(length)
-            try:
-                status, body, headers = handle(self.command, self.path, self.headers, raw)
-            except Exception as e:  # a bug or an unexpected database error: logged, 500
-                print(f"create payment failed: {e!r}", file=sys.stderr, flush=True)
-                status, body, headers = problem(500, "internal error")
-        data = body.encode("utf-8")
-        self.send_response(status)
-        content_type = "application/json" if status < 300 else "application/problem+json"
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-
-def main():
+def main() -> None:
     if not DATABASE_URL:
         sys.exit("DATABASE_URL is not set")
     for caller in TOKENS.values() if isinstance(TOKENS, dict) else [None]:
-        if not (isinstance(caller, dict) and isinstance(caller.get("tenant"), str)
-                and isinstance(caller.get("principal"), str)):
+        if not (
+            isinstance(caller, dict)
+            and isinstance(caller.get("tenant"), str)
+            and isinstance(caller.get("principal"), str)
+        ):
             sys.exit('PAYMENTS_TOKENS: {"token": {"tenant": ..., "principal": ...}, ...}')
-    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ.get("PORT", "8080"))), Handler)
-    print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
-    server.serve_forever()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", int(os.environ.get("PORT", "8080"))))
+    listener.listen(128)  # connections wait in the backlog until uvicorn serves them
+    print(f"listening on http://127.0.0.1:{listener.getsockname()[1]}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server.run(sockets=[listener])
 
 
 if __name__ == "__main__":
