@@ -52,6 +52,7 @@ export { Idempotency } from './runner.js';
 export type {
   BusinessIdHook,
   BusinessRecord,
+  ClientLike,
   Completion,
   ExecuteOptions,
   Handler,

@@ -28,7 +28,15 @@ import { Completed, DuplicateBusinessId, ReplayByBusinessId } from './outcomes.j
 import type { ExecuteOutcome } from './outcomes.js';
 
 /** A connection taken from a pool; node-postgres's `PoolClient` is one. */
-export interface PoolClientLike extends Queryable {
+/** A single connection; node-postgres's `Client` (connected) is one. */
+export interface ClientLike extends Queryable {
+  /** node-postgres's clients are event emitters (a lost connection is an 'error' event). */
+  on?(event: 'error', listener: (error: Error) => void): unknown;
+  off?(event: 'error', listener: (error: Error) => void): unknown;
+}
+
+/** A connection taken from a pool; node-postgres's `PoolClient` is one. */
+export interface PoolClientLike extends ClientLike {
   /** Back to the pool; with an error (or `true`), the connection is closed instead. */
   release(destroy?: Error | boolean): void;
 }
@@ -123,7 +131,7 @@ const AGAIN = Symbol('again');
  */
 export class Idempotency {
   readonly #pool: PoolLike | undefined;
-  readonly #client: Queryable | undefined;
+  readonly #client: ClientLike | undefined;
   readonly #schema: string;
   readonly #replayWindow: Interval;
   readonly #lockTimeout: Interval;
@@ -132,7 +140,7 @@ export class Idempotency {
   #queue: Promise<unknown> = Promise.resolve();
   #versionChecked: Promise<number> | undefined;
 
-  constructor(source: PoolLike | Queryable, options: IdempotencyOptions = {}) {
+  constructor(source: PoolLike | ClientLike, options: IdempotencyOptions = {}) {
     if ('totalCount' in source) this.#pool = source;
     else this.#client = source;
     this.#schema = options.schema ?? DEFAULT_SCHEMA;
@@ -254,15 +262,17 @@ export class Idempotency {
     try {
       value = await work();
     } catch (error) {
+      const classified = classify(error);
       try {
         await client.query('ROLLBACK');
       } catch {
+        if (classified instanceof DatabaseUnavailableError) throw classified;
         throw new DatabaseUnavailableError(
           'the connection was lost before COMMIT was sent: nothing was committed',
           { sqlstate: sqlstateOf(error), cause: error },
         );
       }
-      throw classify(error);
+      throw classified;
     }
     try {
       await client.query('COMMIT');
@@ -309,11 +319,8 @@ export class Idempotency {
   /** `work` on a connection of the pool (or the client), the API version checked once. */
   async #withConnection<T>(work: (client: Queryable) => Promise<T>): Promise<T> {
     if (this.#pool === undefined) {
-      const client = this.#client as Queryable;
-      const turn = this.#queue.then(async () => {
-        await this.#checkVersion(client);
-        return work(client);
-      });
+      const client = this.#client as ClientLike;
+      const turn = this.#queue.then(() => this.#checkedAndListened(client, work));
       this.#queue = turn.catch(() => undefined);
       return turn;
     }
@@ -325,14 +332,32 @@ export class Idempotency {
     }
     let failure: unknown;
     try {
-      await this.#checkVersion(client);
-      return await work(client);
+      return await this.#checkedAndListened(client, work);
     } catch (error) {
       failure = error;
       throw error;
     } finally {
       // A connection that failed (or met a read-only server) is closed, not reused.
       client.release(discardsConnection(failure) ? (failure as Error) : undefined);
+    }
+  }
+
+  /**
+   * `work` after the version check. node-postgres also emits a lost connection as an 'error'
+   * event of the client, which a checked-out client has no listener for (the process would
+   * crash): while `work` runs, the failed statement reports it instead.
+   */
+  async #checkedAndListened<T>(
+    client: ClientLike,
+    work: (client: Queryable) => Promise<T>,
+  ): Promise<T> {
+    const ignore = () => {};
+    client.on?.('error', ignore);
+    try {
+      await this.#checkVersion(client);
+      return await work(client);
+    } finally {
+      client.off?.('error', ignore);
     }
   }
 
