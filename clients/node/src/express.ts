@@ -12,16 +12,21 @@ import type { Idempotency } from './runner.js';
 export { idempotencyKeyOf } from './route.js';
 export type { Caller, RouteOptions } from './route.js';
 
-/** What the adapter reads of an Express request (`req.rawHeaders` shows a repeated header). */
+/**
+ * What the adapter reads of an Express request (`req.rawHeaders` shows a repeated header), and
+ * what a route's functions may read without naming Express's own `Request` type.
+ */
 export interface ExpressRequestLike {
   readonly rawHeaders: string[];
+  readonly headers: Record<string, string | string[] | undefined>;
+  readonly body?: unknown;
 }
 
 /** What the adapter writes on an Express response (a Node `ServerResponse`). */
 export interface ExpressResponseLike {
   statusCode: number;
   setHeader(name: string, value: string | number): unknown;
-  end(body: Buffer): unknown;
+  end(body: Uint8Array): unknown;
 }
 
 /** An Express middleware. */

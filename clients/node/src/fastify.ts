@@ -11,9 +11,14 @@ import type { Idempotency } from './runner.js';
 export { idempotencyKeyOf } from './route.js';
 export type { Caller, RouteOptions } from './route.js';
 
-/** What the adapter reads of a Fastify request (`raw.rawHeaders` shows a repeated header). */
+/**
+ * What the adapter reads of a Fastify request (`raw.rawHeaders` shows a repeated header), and
+ * what a route's functions may read without naming Fastify's own `FastifyRequest` type.
+ */
 export interface FastifyRequestLike {
   readonly raw: { readonly rawHeaders: string[] };
+  readonly headers: Record<string, string | string[] | undefined>;
+  readonly body?: unknown;
   readonly log?: { error(object: unknown, message?: string): void };
 }
 
@@ -21,7 +26,7 @@ export interface FastifyRequestLike {
 export interface FastifyReplyLike {
   code(status: number): FastifyReplyLike;
   header(name: string, value: string): FastifyReplyLike;
-  send(payload: Buffer): FastifyReplyLike;
+  send(payload: Uint8Array): FastifyReplyLike;
 }
 
 /** A Fastify route handler. */
