@@ -14,7 +14,7 @@
 
 const express = require('express');
 const { Pool } = require('pg');
-const { Idempotency, InvalidRequestError } = require('@tombstoned/client');
+const { classify, httpAnswer, Idempotency, InvalidRequestError } = require('@tombstoned/client');
 const { idempotent } = require('@tombstoned/client/express');
 
 // ISO 4217 minor-unit exponents of the currencies this service takes.
@@ -127,8 +127,9 @@ const createPayment = {
     read: async (client, scope, intent) => {
       const { rows } = await client.query(BY_REQUEST_ID, [scope.principal, intent.amount_minor,
         intent.currency, intent.payee, scope.tenant, intent.request_id]);
-      return rows.length === 0 ? null
-        : { same: rows[0].same, bodyText: rows[0].body, resourceId: rows[0].payment_id, status: 201 };
+      if (rows.length === 0) return null;
+      const [found] = rows;
+      return { same: found.same, bodyText: found.body, resourceId: found.payment_id, status: 201 };
     },
   },
 };
@@ -137,23 +138,25 @@ function app(pool, settings) {
   const idempotency = new Idempotency(pool, settings);
   const service = express();
   service.disable('x-powered-by');
-  service.post('/payments', authenticate, express.raw({ type: () => true, limit: MAX_BODY_BYTES }),
-    idempotent(idempotency, createPayment));
+  const body = express.raw({ type: () => true, limit: MAX_BODY_BYTES });
+  service.post('/payments', authenticate, body, idempotent(idempotency, createPayment));
   // Where Location leads: the caller's tenant's payment, or 404.
-  service.get('/payments/:id', authenticate, async (req, res, next) => {
+  service.get('/payments/:id', authenticate, async (req, res) => {
     try {
       const { rows } = await pool.query(BY_ID, [req.caller.tenant, req.params.id]);
       if (rows.length === 0) return problem(res, 404, 'not found', 'no such payment');
       return res.type('application/json').send(rows[0].body);
     } catch (e) {
-      return next(e);
+      // The client's answer to a database error: 503 + Retry-After when it is unavailable.
+      const answer = httpAnswer(classify(e, { fromDriver: true }));
+      return res.status(answer.status).set(answer.headers).send(answer.body);
     }
   });
   service.use((req, res) => problem(res, 404, 'not found', 'no such route'));
   // The body parser's refusals, and anything else: the key was not consumed.
   service.use((err, req, res, next) => { // eslint-disable-line no-unused-vars
     if (err.type === 'entity.too.large') {
-      return problem(res, 413, 'payload too large', `the body must be at most ${MAX_BODY_BYTES} bytes`);
+      return problem(res, 413, 'payload too large', `at most ${MAX_BODY_BYTES} bytes`);
     }
     if (err.status === 400) return problem(res, 400, 'bad request', 'the body could not be read');
     console.error(`create payment failed: ${err.stack || err}`);
@@ -168,11 +171,17 @@ function main() {
     process.exit(1);
   }
   const callers = TOKENS !== null && typeof TOKENS === 'object' ? Object.values(TOKENS) : [null];
-  if (!callers.every((c) => c !== null && typeof c.tenant === 'string' && typeof c.principal === 'string')) {
+  const valid = (c) => c !== null && typeof c.tenant === 'string'
+    && typeof c.principal === 'string';
+  if (!callers.every(valid)) {
     console.error('PAYMENTS_TOKENS: {"token": {"tenant": ..., "principal": ...}, ...}');
     process.exit(1);
   }
-  const pool = new Pool({ connectionString: process.env.DATABASE_URL, application_name: 'payments-node', max: 8 });
+  const pool = new Pool({
+    connectionString: process.env.DATABASE_URL,
+    application_name: 'payments-node',
+    max: 8,
+  });
   // An idle client's connection that breaks is reported here; the pool replaces it.
   pool.on('error', (e) => console.error(`idle database connection failed: ${e.message}`));
   const settings = {

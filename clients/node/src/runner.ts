@@ -6,7 +6,6 @@
  */
 
 import {
-  API_VERSION,
   checkApiVersion,
   claim,
   complete,
@@ -151,9 +150,6 @@ export class Idempotency {
       throw new RangeError(`attempts must be a positive integer, not ${options.attempts}`);
     }
   }
-
-  /** The API version this package speaks (the schema's `api_version()` must be it). */
-  static readonly apiVersion = API_VERSION;
 
   /**
    * Claims `key` in `scope` for `intent` (normalised: only what changes the business result),

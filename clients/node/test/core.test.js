@@ -76,11 +76,13 @@ test('claim, complete, replay, reuse, expiry and lookup: every outcome', async (
     assert.ok(outcome instanceof Owner);
     assert.equal(outcome.kind, 'owner');
     assert.ok(outcome.replayDeadline instanceof Date);
-    const event = await enqueueEvent(client, scope.tenant, resource, 'widget.created', body, schema);
+    const event = await enqueueEvent(
+      client, scope.tenant, resource, 'widget.created', body, schema,
+    );
     assert.match(event, /^[0-9a-f-]{36}$/);
     return complete(client, scope, key, 201, body, resource, schema);
   });
-  // jsonb's text (keys by length, then bytes; one space after ':' and ','), not JSON.stringify's.
+  // jsonb's text (keys by length, then bytes; a space after ':' and ','), not JSON.stringify's.
   assert.equal(text, '{"a": [1, 2], "z": 1, "widget": "bolt"}');
 
   // The intent spelled otherwise (key order) is the same intent: a replay, byte for byte.

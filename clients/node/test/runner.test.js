@@ -69,7 +69,9 @@ function counted(write = writeWidget) {
 
 /** Raises `sqlstate` from the server, as a statement of the transaction would. */
 const raise = (tx, sqlstate) =>
-  tx.query(`DO $$ BEGIN RAISE EXCEPTION 'raised by the test' USING ERRCODE = '${sqlstate}'; END $$`);
+  tx.query(
+    `DO $$ BEGIN RAISE EXCEPTION 'raised by the test' USING ERRCODE = '${sqlstate}'; END $$`,
+  );
 
 test('the owner commits complete\'s text; the retry replays it byte for byte', async () => {
   const key = unique('run');
@@ -126,7 +128,8 @@ test('a handler raising after its business write: nothing committed, the key fre
   assert.equal(error, failure, 'the handler\'s own error, as it is');
   assert.equal(await widgetsOf(key), 0);
   assert.equal(await recordsOf(key), 0);
-  assert.ok((await idempotency.execute(scope, key, intentOf(key), writeWidget)) instanceof Completed);
+  const retried = await idempotency.execute(scope, key, intentOf(key), writeWidget);
+  assert.ok(retried instanceof Completed);
 });
 
 test('40001: the whole transaction runs again, at most three times', async () => {
@@ -211,20 +214,19 @@ test('25006: a read-only server answers 503, nothing written', async () => {
   );
 });
 
-/** A pool of the service role through `proxy`. */
-function proxiedPool(proxy, applicationName) {
+/** A runner on a pool of the service role whose connections go through a proxy of their own. */
+async function throughProxy(applicationName) {
   const url = new URL(env.serviceUrl);
+  const proxy = await startProxy({ host: url.hostname, port: Number(url.port) });
+  cleanups.push(() => proxy.close());
   url.host = `127.0.0.1:${proxy.port}`;
   const proxied = servicePool(applicationName, { connectionString: url.toString(), max: 1 });
   cleanups.push(() => proxied.end());
-  return proxied;
+  return { proxy, runner: new Idempotency(proxied, { schema: env.schema }) };
 }
 
 test('the commit acknowledgement lost: outcome unknown, and the retry replays', async () => {
-  const target = new URL(env.serviceUrl);
-  const proxy = await startProxy({ host: target.hostname, port: Number(target.port) });
-  cleanups.push(() => proxy.close());
-  const runner = new Idempotency(proxiedPool(proxy, 'node-suite-proxy'), { schema: env.schema });
+  const { proxy, runner } = await throughProxy('node-suite-proxy');
   const key = unique('run-commit-lost');
   assert.ok(
     (await runner.execute(scope, unique('warm'), intentOf(unique('warm')), writeWidget))
@@ -237,7 +239,10 @@ test('the commit acknowledgement lost: outcome unknown, and the retry replays', 
   assert.equal(proxy.cuts, 1);
   assert.ok(error instanceof OutcomeUnknownError, String(error));
   assert.equal(httpAnswer(error).status, 503);
-  assert.equal(JSON.parse(httpAnswer(error).body).type, 'tag:tombstoned,2026:problem:outcome-unknown');
+  assert.equal(
+    JSON.parse(httpAnswer(error).body).type,
+    'tag:tombstoned,2026:problem:outcome-unknown',
+  );
 
   // The COMMIT reached the server: the same key replays what was committed, nothing twice.
   const retry = await idempotency.execute(scope, key, intentOf(key), writeWidget);
@@ -251,10 +256,7 @@ test('the commit acknowledgement lost: outcome unknown, and the retry replays', 
 });
 
 test('the connection lost before COMMIT: unavailable, nothing committed', async () => {
-  const target = new URL(env.serviceUrl);
-  const proxy = await startProxy({ host: target.hostname, port: Number(target.port) });
-  cleanups.push(() => proxy.close());
-  const runner = new Idempotency(proxiedPool(proxy, 'node-suite-proxy-2'), { schema: env.schema });
+  const { proxy, runner } = await throughProxy('node-suite-proxy-2');
   const key = unique('run-lost-early');
   proxy.arm(beforeStatement('INSERT INTO public.widgets'));
   const error = await runner.execute(scope, key, intentOf(key), writeWidget).catch((e) => e);
@@ -334,7 +336,9 @@ test('42501: a business write on a table of the schema is not allowed', async ()
 
 test('23505 on the business id: the same request replays it, another is a conflict', async () => {
   const requestId = unique('req');
-  const first = await idempotency.execute(scope, unique('run-biz'), intentOf(requestId), writeWidget);
+  const first = await idempotency.execute(
+    scope, unique('run-biz'), intentOf(requestId), writeWidget,
+  );
   assert.ok(first instanceof Completed);
 
   const newKey = unique('run-biz-new');
@@ -421,7 +425,10 @@ test('api_version(): checked once per pool; another version or none is refused',
 });
 
 test('on a single Client, requests run one after another', async () => {
-  const client = new pg.Client({ connectionString: env.serviceUrl, application_name: 'node-suite-client' });
+  const client = new pg.Client({
+    connectionString: env.serviceUrl,
+    application_name: 'node-suite-client',
+  });
   await client.connect();
   cleanups.push(() => client.end());
   const runner = new Idempotency(client, { schema: env.schema });

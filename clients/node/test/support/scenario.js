@@ -200,7 +200,7 @@ export function adapterSuite(name, start) {
     assert.equal(await widgetsOf(requestId), 1);
   });
 
-  test(`${name}: the handler raising after its write: nothing committed, the key free`, async () => {
+  test(`${name}: the handler raising after its write: nothing committed, key free`, async () => {
     const key = unique('k-fail');
     const requestId = unique('req');
     const failed = await post(base(), '/widgets', {
@@ -226,7 +226,10 @@ export function adapterSuite(name, start) {
     assert.equal(again.replayed, true);
     assert.deepEqual(again.bytes, created.bytes);
     assert.equal(again.headers.get('location'), created.headers.get('location'));
-    const other = await post(base(), '/widgets', { key: unique('k'), body: widget(requestId, 'nut') });
+    const other = await post(base(), '/widgets', {
+      key: unique('k'),
+      body: widget(requestId, 'nut'),
+    });
     assert.equal(other.status, 409);
     assert.equal(problemOf(other), 'duplicate-request-id');
     assert.ok(!other.text.includes(created.json().widget_id));
@@ -283,7 +286,9 @@ export function adapterSuite(name, start) {
     await Promise.all([cleaner, ...Array.from({ length: 6 }, worker)]);
 
     const statuses = {};
-    for (const a of [...seen, ...pairs.flat()]) statuses[a.status] = (statuses[a.status] ?? 0) + 1;
+    for (const a of [...seen, ...pairs.flat()]) {
+      statuses[a.status] = (statuses[a.status] ?? 0) + 1;
+    }
     const summary = JSON.stringify(statuses);
     assert.ok(tombstoned > 0, `the cleaner tombstoned nothing in ${cleanerRuns} runs`);
     assert.ok(statuses[410] > 0, `no key expired during the run: ${summary}`);
@@ -315,7 +320,8 @@ export function adapterSuite(name, start) {
       }
       assert.equal(await widgetsOf(pair[0].requestId), 1);
     }
-    console.log(`${name} stress: ${seen.length + 2 * pairs.length} requests in ${STRESS_SECS} s, ` +
-      `${summary}; ${cleanerRuns} cleaner runs tombstoned ${tombstoned}`);
+    const total = seen.length + 2 * pairs.length;
+    console.log(`${name} stress: ${total} requests in ${STRESS_SECS} s, ${summary}; ` +
+      `${cleanerRuns} cleaner runs tombstoned ${tombstoned}`);
   });
 }

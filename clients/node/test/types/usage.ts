@@ -61,7 +61,9 @@ app.post(
     businessId: {
       constraint: 'widgets_request_id_key',
       read: async (client, scope, intent) => {
-        const { rows } = await client.query('SELECT $1::text AS body', [intent.name + scope.tenant]);
+        const { rows } = await client.query('SELECT $1::text AS body', [
+          intent.name + scope.tenant,
+        ]);
         return rows.length === 0 ? null : { same: true, bodyText: rows[0].body, resourceId: 'w-1' };
       },
     },
