@@ -30,6 +30,13 @@ async fn node_client_suite() {
     tokio::task::spawn_blocking(setup).await.unwrap();
     let env = ClientEnv::new("node").await;
     let dir = repo_root().join("clients/node");
-    run_suite(&env, &dir, Path::new("npm"), &["run", "--silent", "typecheck"], &[]).await;
+    run_suite(
+        &env,
+        &dir,
+        Path::new("npm"),
+        &["run", "--silent", "typecheck"],
+        &[],
+    )
+    .await;
     run_suite(&env, &dir, Path::new("npm"), &["test", "--silent"], &[]).await;
 }
