@@ -86,6 +86,8 @@ export async function prepareService() {
                                   'name', w.name, 'created_at', w.created_at);
     ALTER TABLE public.widgets OWNER TO ${env.serviceRole};
     ALTER FUNCTION public.widget_body(public.widgets) OWNER TO ${env.serviceRole};`);
+  // (With service boundaries, issue 36, the role is granted its operation here too:
+  // `$TOMBSTONED_BIN operations grant create-widget $ROLE --config $TOMBSTONED_TEST_CONFIG`.)
   // The first claim of a scope makes the scope's row inside its own transaction: concurrent
   // first claims would wait for each other. The tests' scope is made here, once.
   const client = new pg.Client({ connectionString: env.serviceUrl });

@@ -5,9 +5,9 @@
 import net from 'node:net';
 
 /**
- * Listens on a free port of 127.0.0.1 and forwards to `target` ({ host, port }). `cut` decides,
- * per frontend message (`type` and payload text), whether to cut there: 'after' forwards the
- * message first, 'before' does not; undefined relays it.
+ * Listens on a free port of 127.0.0.1 and forwards to `target` ({ host, port }). Once armed with
+ * a rule, the rule decides per frontend message (its type and payload text) whether to cut
+ * there: 'after' forwards the message first, 'before' does not; undefined relays it.
  */
 export async function startProxy(target) {
   const proxy = {
@@ -53,10 +53,11 @@ export async function startProxy(target) {
           proxy.cuts += 1;
           cut = true;
           const through = when === 'after' ? end : forward;
-          // The bytes up to the cut reach the server (then end of stream: it reads them all);
-          // the client's side is destroyed and nothing of the answer is relayed.
-          upstream.end(pending.subarray(0, through));
+          // Both sides are destroyed and nothing of the answer is relayed; the server's side
+          // only once the bytes up to the cut are flushed to it (then its end of stream), so
+          // the server reads them all — a COMMIT forwarded is a COMMIT done.
           client.destroy();
+          upstream.end(pending.subarray(0, through), () => upstream.destroy());
           return;
         }
         forward = end;
