@@ -11,6 +11,7 @@ mod bench_scripts;
 mod cleanup;
 mod cleanup_workers;
 mod cli;
+mod clients_node;
 mod clients_python;
 mod clients_support;
 mod config_hostile;
