@@ -21,7 +21,8 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::db::{self, migrations};
+use crate::db;
+use crate::schema;
 use crate::pg_cluster::{ClusterOptions, ThrowawayCluster};
 use crate::signals::GracefulStop;
 
@@ -193,7 +194,7 @@ async fn story(
         &[],
     )
     .context("the demo's database configuration")?;
-    let applied = migrations::migrate(&db_config.database)
+    let applied = schema::migrate(&db_config.database)
         .await
         .context("cannot migrate the demo database")?;
     let names: Vec<String> = applied

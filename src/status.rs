@@ -11,7 +11,8 @@ use serde::Serialize;
 use crate::cleanup::sql::{DRY_RUN_BEGIN as READ_ONLY_SNAPSHOT, DRY_RUN_END as END_SNAPSHOT};
 use crate::cleanup::{LeaseState, RecordedRun};
 use crate::config::DatabaseConfig;
-use crate::db::{self, migrations, Conn, DbError};
+use crate::db::{self, Conn, DbError};
+use crate::schema::{self, CheckError, Needs};
 
 /// How many recent runs the report lists.
 pub const RECENT_RUNS: i64 = 10;
@@ -217,23 +218,23 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
         .await
         .map_err(StatusError::Connect)?;
     let conn = session.conn();
-    let migration_state =
-        migrations::status(&conn, None)
-            .await
-            .map_err(|source| StatusError::Read {
-                step: "migrations",
+    // Outside the snapshot: a role that may not call api_version() (42501) must not abort it.
+    let current = schema::check(&conn, Needs::STATUS, None)
+        .await
+        .map_err(|failed| match failed {
+            CheckError::NotCurrent(not_current) => StatusError::SchemaNotCurrent(not_current.0),
+            CheckError::Db(source) => StatusError::Read {
+                step: "the schema",
                 source,
-            })?;
-    if let Some(problem) = migration_state.problem() {
-        return Err(StatusError::SchemaNotCurrent(problem));
-    }
+            },
+        })?;
     // Simple-protocol BEGIN/ROLLBACK (nothing kept on the session, fine through any pooler).
     session
         .client
         .batch_execute(READ_ONLY_SNAPSHOT)
         .await
         .map_err(read_error("starting a read-only transaction"))?;
-    let report = read_in(&conn, &db.schema).await?;
+    let report = read_in(&conn, &db.schema, current.api_version).await?;
     session
         .client
         .batch_execute(END_SNAPSHOT)
@@ -242,7 +243,11 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
     Ok(report)
 }
 
-async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, StatusError> {
+async fn read_in(
+    client: &Conn<'_>,
+    schema: &str,
+    api_version: Option<i32>,
+) -> Result<StatusReport, StatusError> {
     let row = client
         .query_one(sql::BACKLOG, &[])
         .await
@@ -334,13 +339,6 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
     } else {
         None
     };
-
-    let api_version = crate::sql_api::schema_version(client)
-        .await
-        .map_err(|source| StatusError::Read {
-            step: "the SQL API version",
-            source,
-        })?;
 
     Ok(StatusReport {
         schema: schema.to_owned(),

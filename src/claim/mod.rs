@@ -78,8 +78,10 @@
 //! response and every replay are byte-for-byte identical.
 
 mod protocol;
+mod record;
 pub mod sql;
 
+pub use record::RecordState;
 pub use sql::STATEMENTS;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -321,20 +323,6 @@ pub async fn claim(
         db::discard(client);
     }
     result
-}
-
-/// Through a transaction pooler the claim runs the endpoint's functions (migration V6;
-/// [`sql::claim_and_create`] says why): the role of `conn`'s session when it may not execute
-/// them (a daemon running as another role than `migrate`'s, without the grant the migration
-/// gives roles that hold the tables' privileges), `None` when it may.
-pub async fn role_without_claim_functions(conn: &Conn<'_>) -> Result<Option<String>, DbError> {
-    let row = conn
-        .query_one(sql::MAY_EXECUTE_CLAIM_FUNCTIONS, &[])
-        .await
-        .map_err(DbError::Query)?;
-    let role: String = row.try_get(0).map_err(DbError::Query)?;
-    let may: bool = row.try_get(1).map_err(DbError::Query)?;
-    Ok((!may).then_some(role))
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::cluster::ClusterOptionsTestExt as _;
 use tokio_postgres::{Client, NoTls};
 use tombstoned::config::Config;
-use tombstoned::db::migrations;
+use tombstoned::schema::migrations;
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
 
 use crate::cluster::conninfo_for_database;

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tombstoned::db::{self, migrations};
+use tombstoned::db;
+use tombstoned::schema::migrations;
 use tombstoned::metrics::Metrics;
 use tombstoned::ops::listener::{OpsState, METRICS_CONTENT_TYPE};
 use tombstoned::ops::readiness::ReadinessProbe;

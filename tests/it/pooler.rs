@@ -18,7 +18,7 @@ use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tombstoned::cleanup::{self, RunLimits};
 use tombstoned::config::Config;
-use tombstoned::db::migrations::{self, MigrationError};
+use tombstoned::schema::migrations::{self, MigrationError};
 use tombstoned::ops::readiness::{Readiness, ReadinessProbe};
 use tombstoned::outbox::Relay;
 

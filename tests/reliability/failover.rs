@@ -48,7 +48,7 @@ impl Pair {
         };
         let admin = connect(&primary.url("postgres"), "test").await;
         admin.batch_execute("CREATE DATABASE ha").await.unwrap();
-        tombstoned::db::migrations::migrate(&harness::config_for(&primary.url("ha"), &[]).database)
+        tombstoned::schema::migrations::migrate(&harness::config_for(&primary.url("ha"), &[]).database)
             .await
             .expect("migrate");
         let standby = Standby::start(
