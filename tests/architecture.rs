@@ -9,16 +9,17 @@
 //!    cli), and what it has to show it returns, or writes through what the edge gives it (the
 //!    demo's story: `demo::Print`).
 //! 2. **Services know nothing of the edge or of HTTP.** The files of `cleanup/`, `claim/`,
-//!    `outbox/`, `lookup.rs` and `scheduler.rs` do not reach the crate modules `http`, `daemon`,
+//!    `outbox/`, `lookup.rs`, `scheduler.rs` and `schema/` do not reach the crate modules `http`, `daemon`,
 //!    `ops` or `cli`, nor the crate `axum`; and they never print (`print!`, `println!`,
 //!    `eprint!`, `eprintln!`, `dbg!`, `stdout`, `stderr`): what they have to say is a return
 //!    value or a `tracing` event, and the edge decides how it is shown.
 //! 3. **SQL text lives in `sql` modules.** A string literal whose first word is an upper-case SQL
 //!    command (`SELECT`, `INSERT`, `UPDATE`, `DELETE`, `WITH`, `CREATE`, `ALTER`, `DROP`,
 //!    `TRUNCATE`, `LOCK`) followed by a blank or `(` is allowed only in files named `sql.rs`, in
-//!    an inline `mod sql { … }` (`lookup.rs`), under `src/db/` (the shared statements, session checks and migration bookkeeping) and in
-//!    `src/demo.rs` (a scripted *client* that checks, as an operator would with psql, what the
-//!    daemon wrote — not a statement of the product). The schema itself is in `migrations/`.
+//!    an inline `mod sql { … }` (`lookup.rs`), under `src/db/` (the shared statements and session
+//!    checks) and in `src/demo.rs` (a scripted *client* that checks, as an operator would with
+//!    psql, what the daemon wrote — not a statement of the product). The schema itself is in
+//!    `migrations/` (and, as it stands, in `schema/`).
 //!    Statements are written upper-case throughout the project; that convention is what makes
 //!    this rule checkable (`"DELETE"` alone, an HTTP method's name, is not a statement).
 //! 4. **The pure core stays pure.** `schedule`, `cleanup/keyset`, `fingerprint`, `money`,
@@ -37,6 +38,10 @@
 //!    merge and re-exports all of them. So `db/` never names `config`, and `config/` names of
 //!    the crate only what sits below it (`db`, `settings`, `money`, `schedule`,
 //!    `toml_diagnostic`): never a service, the composition or the edge.
+//! 7. **One owner of the schema.** Only the files of `src/schema/` name the migration files (a
+//!    string with `migrations/` in it: `include_str!`, `embed_migrations!`) and the migration
+//!    library (`refinery`): which schema this binary needs, and how it gets there, is decided in
+//!    one place, and everything else asks `schema::check` or calls `schema::migrate`.
 //!
 //! How: a small lexer blanks out comments and string literals (keeping the literals aside for
 //! rule 3), so that a word in a doc comment or an error message never counts; module
@@ -391,14 +396,7 @@ fn is_sql(literal: &str) -> bool {
     })
 }
 
-const SERVICES: &[&str] = &[
-    "cleanup",
-    "claim",
-    "outbox",
-    "lookup",
-    "scheduler",
-    "sql_api",
-];
+const SERVICES: &[&str] = &["cleanup", "claim", "outbox", "lookup", "scheduler", "schema"];
 const EDGE_AND_HTTP: &[&str] = &["http", "daemon", "ops", "cli"];
 const PURE_CORE: &[&str] = &[
     "schedule",
@@ -422,6 +420,8 @@ const EDGE: &[&str] = &["cli", "stdout"];
 /// What `config/` may name of the crate besides itself (rule 6).
 const BELOW_CONFIG: &[&str] = &["db", "settings", "money", "schedule", "toml_diagnostic"];
 const PRINTING_MACROS: &[&str] = &["print", "println", "eprint", "eprintln", "dbg"];
+/// The migration library (rule 7).
+const MIGRATION_LIBRARY: &str = "refinery";
 
 /// Every rule broken by the files, one line each (`path:line: what`).
 fn violations(files: &[Source]) -> Vec<String> {
@@ -535,6 +535,26 @@ fn violations(files: &[Source]) -> Vec<String> {
                     out.push(format!(
                         "{}: pure core imports {module}, which is not pure core",
                         at(offset)
+                    ));
+                }
+            }
+        }
+
+        // Rule 7.
+        if !src.under("schema") {
+            for (offset, root) in path_roots(src) {
+                if root == MIGRATION_LIBRARY {
+                    out.push(format!(
+                        "{}: names {MIGRATION_LIBRARY}, the migration library (only schema/ may)",
+                        at(offset)
+                    ));
+                }
+            }
+            for (offset, literal) in &src.strings {
+                if literal.contains("migrations/") {
+                    out.push(format!(
+                        "{}: names the migration files (\"{literal}\"; only schema/ may)",
+                        at(*offset)
                     ));
                 }
             }
@@ -697,6 +717,7 @@ fn src_keeps_the_dependency_rules() {
         "cleanup/run.rs",
         "claim/sql.rs",
         "exit.rs",
+        "schema/migrations.rs",
     ] {
         assert!(
             files.iter().any(|f| f.path == expected),
@@ -985,6 +1006,35 @@ mod scanner {
         assert!(check(
             "cleanup/run.rs",
             "use crate::config::{CleanupConfig, DatabaseConfig};"
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn naming_the_migrations_outside_schema_fails() {
+        assert_eq!(
+            check("db/mod.rs", "mod m { refinery::embed_migrations!(\"migrations\"); }").len(),
+            1
+        );
+        assert_eq!(check("daemon.rs", "use refinery::Runner;").len(), 1);
+        assert_eq!(
+            check(
+                "sql_api.rs",
+                "const V4: &str = include_str!(\"../migrations/V4__sql_api.sql\");"
+            )
+            .len(),
+            1
+        );
+        // Allowed: schema/ itself; the word in a comment, or the schema's module named.
+        assert!(check(
+            "schema/migrations.rs",
+            "mod e { refinery::embed_migrations!(\"migrations\"); } \
+             const F: &str = include_str!(\"../../migrations/V1__x.sql\");"
+        )
+        .is_empty());
+        assert!(check(
+            "daemon.rs",
+            "// migrations/V7\nuse crate::schema::migrations; fn f() { schema::migrate(); }"
         )
         .is_empty());
     }
