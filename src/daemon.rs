@@ -32,8 +32,8 @@ use crate::ops::systemd::Notifier;
 use crate::ops::watchdog::WatchdogHealth;
 use crate::outbox::Relay;
 use crate::scheduler::{Scheduler, SchedulerStatus};
-use crate::signals::GracefulStop;
 use crate::schema::{self, Needs};
+use crate::signals::GracefulStop;
 
 /// How long in-flight API requests may take to finish after SIGTERM.
 const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);

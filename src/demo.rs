@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::db;
-use crate::schema;
 use crate::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use crate::schema;
 use crate::signals::GracefulStop;
 
 /// `retention.replay_window` of the demo daemon unless `--replay-window` says otherwise.

@@ -219,15 +219,16 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
         .map_err(StatusError::Connect)?;
     let conn = session.conn();
     // Outside the snapshot: a role that may not call api_version() (42501) must not abort it.
-    let current = schema::check(&conn, Needs::STATUS, None)
-        .await
-        .map_err(|failed| match failed {
-            CheckError::NotCurrent(not_current) => StatusError::SchemaNotCurrent(not_current.0),
-            CheckError::Db(source) => StatusError::Read {
-                step: "the schema",
-                source,
-            },
-        })?;
+    let current =
+        schema::check(&conn, Needs::STATUS, None)
+            .await
+            .map_err(|failed| match failed {
+                CheckError::NotCurrent(not_current) => StatusError::SchemaNotCurrent(not_current.0),
+                CheckError::Db(source) => StatusError::Read {
+                    step: "the schema",
+                    source,
+                },
+            })?;
     // Simple-protocol BEGIN/ROLLBACK (nothing kept on the session, fine through any pooler).
     session
         .client

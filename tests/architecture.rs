@@ -396,7 +396,14 @@ fn is_sql(literal: &str) -> bool {
     })
 }
 
-const SERVICES: &[&str] = &["cleanup", "claim", "outbox", "lookup", "scheduler", "schema"];
+const SERVICES: &[&str] = &[
+    "cleanup",
+    "claim",
+    "outbox",
+    "lookup",
+    "scheduler",
+    "schema",
+];
 const EDGE_AND_HTTP: &[&str] = &["http", "daemon", "ops", "cli"];
 const PURE_CORE: &[&str] = &[
     "schedule",
@@ -1013,7 +1020,11 @@ mod scanner {
     #[test]
     fn naming_the_migrations_outside_schema_fails() {
         assert_eq!(
-            check("db/mod.rs", "mod m { refinery::embed_migrations!(\"migrations\"); }").len(),
+            check(
+                "db/mod.rs",
+                "mod m { refinery::embed_migrations!(\"migrations\"); }"
+            )
+            .len(),
             1
         );
         assert_eq!(check("daemon.rs", "use refinery::Runner;").len(), 1);

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use super::MigrateArgs;
 use crate::config::Config;
 use crate::db;
-use crate::schema::{self, migrations};
 use crate::exit::Exit;
+use crate::schema::{self, migrations};
 use crate::stdout;
 
 /// Migrates, or with `--status` reports, changing nothing.

@@ -22,8 +22,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Config, ConfigError, Override};
 use crate::db::{self, DbError, ErrorClass};
-use crate::schema::{self, migrations, Needs};
 use crate::exit::Exit;
+use crate::schema::{self, migrations, Needs};
 use crate::stdout::{self, StdoutError};
 
 /// tombstoned: idempotency records that stay honest over time.

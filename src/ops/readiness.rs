@@ -34,9 +34,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DatabaseConfig;
-use crate::schema::{self, CheckError, Needs};
 use crate::db::{self, DbError, ErrorClass, Session};
 use crate::ops::request_health::RequestHealth;
+use crate::schema::{self, CheckError, Needs};
 
 /// Default bound on one check, connecting included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);

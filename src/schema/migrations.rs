@@ -260,6 +260,10 @@ mod tests {
     fn the_history_reads_name_the_table_refinery_keeps() {
         let table = format!("{{schema}}.{HISTORY_TABLE}");
         assert!(sql::HISTORY.contains(&table), "{}", sql::HISTORY);
-        assert!(sql::HISTORY_EXISTS.contains(&table), "{}", sql::HISTORY_EXISTS);
+        assert!(
+            sql::HISTORY_EXISTS.contains(&table),
+            "{}",
+            sql::HISTORY_EXISTS
+        );
     }
 }

@@ -26,7 +26,8 @@ pub fn set_search_path(schema: &str) -> String {
 pub const HISTORY_EXISTS: &str = "SELECT to_regclass('{schema}.schema_history') IS NOT NULL";
 
 /// The history, oldest first (the table refinery keeps, `schema_history`).
-pub const HISTORY: &str = "SELECT version, name, applied_on, checksum FROM {schema}.schema_history \
+pub const HISTORY: &str =
+    "SELECT version, name, applied_on, checksum FROM {schema}.schema_history \
                            ORDER BY version";
 
 /// The schema's `api_version()`; no argument.

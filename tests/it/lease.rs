@@ -405,10 +405,7 @@ async fn v3_upgrades_a_populated_database_in_place() {
     let config = db.config();
     let client = db.client().await;
     // At V2: what a database migrated by the previous release looks like.
-    assert_eq!(
-        crate::schema_support::migrate_to(&db, 2).await,
-        [1, 2]
-    );
+    assert_eq!(crate::schema_support::migrate_to(&db, 2).await, [1, 2]);
     seed_live_before_v5(&client, "old", 50, DUE).await;
     seed_live_before_v5(&client, "later", 20, NOT_DUE).await;
     let before = checksum(&client).await;
@@ -420,7 +417,7 @@ async fn v3_upgrades_a_populated_database_in_place() {
     let applied = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(
         applied.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [4, 5, 6]
+        crate::schema_support::versions_after(3)
     );
     assert!(migrations::status(
         &tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None),

@@ -68,7 +68,10 @@ async fn concurrent_migrate_runs_are_serialised() {
             .len();
     }
     let every = migrations::known().len();
-    assert_eq!(applied, every, "each migration is applied by exactly one run");
+    assert_eq!(
+        applied, every,
+        "each migration is applied by exactly one run"
+    );
     let client = db.client().await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
@@ -99,7 +102,10 @@ async fn migrate_honours_the_configured_schema() {
             .collect::<Vec<_>>()
     };
     let custom = tables("idem_custom", db.client().await).await;
-    assert!(custom.iter().any(|t| t == "idempotency_records"), "{custom:?}");
+    assert!(
+        custom.iter().any(|t| t == "idempotency_records"),
+        "{custom:?}"
+    );
     let default = tables("tombstoned", TestDb::new().await.client().await).await;
     assert_eq!(custom, default);
     let public: i64 = client

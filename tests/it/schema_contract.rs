@@ -67,7 +67,11 @@ fn schema_dir() -> PathBuf {
 async fn the_migrated_schema_is_the_committed_contract() {
     let db = TestDb::empty().await;
     let applied = schema::migrate(&db.config().database).await.unwrap();
-    assert_eq!(applied, schema::migrations::known(), "V1 to the latest, in order");
+    assert_eq!(
+        applied,
+        schema::migrations::known(),
+        "V1 to the latest, in order"
+    );
     let client = db.client().await;
 
     let mut broken = Vec::new();
@@ -263,11 +267,7 @@ async fn the_api_is_the_version_this_binary_knows_and_closed_to_strangers(
         .query_one("SELECT tombstoned.api_version()", &[])
         .await
         .unwrap_err();
-    assert_eq!(
-        refused.code().map(|c| c.code()),
-        Some("42501"),
-        "{refused}"
-    );
+    assert_eq!(refused.code().map(|c| c.code()), Some("42501"), "{refused}");
 }
 
 /// The catalogue of `schema_name`, one file per object, under `dir`: `tables/`, `views/`,
@@ -445,10 +445,7 @@ async fn rendered(client: &Client, schema_name: &str, dir: &str) -> BTreeMap<Pat
         } else {
             "internal"
         };
-        let path = dir
-            .join("functions")
-            .join(kind)
-            .join(format!("{name}.sql"));
+        let path = dir.join("functions").join(kind).join(format!("{name}.sql"));
         let text = files.entry(path).or_insert_with(|| header.to_owned());
         text.push_str(&format!(
             "\n{}\n\n{}\n",
@@ -504,7 +501,13 @@ fn acl_line(acl: Option<Vec<String>>, owner: &str, default: &str) -> String {
         .filter_map(|item| {
             let (grantee, rest) = item.split_once('=')?;
             let (privileges, grantor) = rest.split_once('/')?;
-            let name = |role: &str| if role == owner { "owner".to_owned() } else { role.to_owned() };
+            let name = |role: &str| {
+                if role == owner {
+                    "owner".to_owned()
+                } else {
+                    role.to_owned()
+                }
+            };
             (grantee.is_empty() || grantee == owner)
                 .then(|| format!("{}={privileges}/{}", name(grantee), name(grantor)))
         })

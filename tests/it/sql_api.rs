@@ -1285,10 +1285,7 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
     let db = TestDb::empty().await;
     let config = db.config();
     let admin = db.client().await;
-    assert_eq!(
-        crate::schema_support::migrate_to(&db, 3).await,
-        [1, 2, 3]
-    );
+    assert_eq!(crate::schema_support::migrate_to(&db, 3).await, [1, 2, 3]);
     // What a V3 endpoint wrote: an order, its event, its record (and other records, due).
     let order = Uuid::now_v7();
     let event = Uuid::now_v7();
@@ -1577,7 +1574,8 @@ async fn v5_upgrades_a_populated_v4_database_in_place() {
     assert_eq!(replay.outcome, "replay");
     assert_eq!(replay.response_body.as_deref(), Some(paid.as_str()));
     let database = config.database.clone();
-    let upgrade = tokio::spawn(async move { tombstoned::schema::migrations::migrate(&database).await });
+    let upgrade =
+        tokio::spawn(async move { tombstoned::schema::migrations::migrate(&database).await });
     crate::cleanup_support::wait_until_sessions_wait(&admin, "tombstoned/migrate", 1).await;
     c.batch_execute("COMMIT").await.unwrap();
     let applied = upgrade.await.unwrap().unwrap();
