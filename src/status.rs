@@ -1,7 +1,10 @@
 //! What `tombstoned status` reads from the configured database, in one READ ONLY snapshot: the
 //! cleanup lease, the run history, the backlog, record counts (estimates), replication lag per
 //! standby and the outbox backlog — and the health verdict a monitoring check needs
-//! ([`StatusReport::stale`]). Nothing here prints; `src/cli/status.rs` renders it.
+//! ([`StatusReport::stale`]). Nothing here prints; `src/cli/status.rs` renders it. What a
+//! feature owns, the feature reads (the lease, the history, the rows due, the outbox counts, the
+//! schema's check); `status` composes them, and reads itself only what no feature does (the
+//! catalogue's estimates, the standbys).
 
 use std::time::Duration;
 
@@ -9,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::cleanup::sql::{DRY_RUN_BEGIN as READ_ONLY_SNAPSHOT, DRY_RUN_END as END_SNAPSHOT};
-use crate::cleanup::{LeaseState, RecordedRun};
+use crate::cleanup::{Due, LeaseState, RecordedRun};
 use crate::config::DatabaseConfig;
 use crate::db::{self, Conn, DbError};
 use crate::schema::{self, CheckError, Needs};
@@ -92,7 +95,7 @@ pub struct Replication {
     pub standbys: Vec<Standby>,
 }
 
-/// The outbox backlog (only once the outbox relay's columns exist).
+/// The outbox backlog, as the relay's own reader counts it ([`crate::outbox::inspect::counts`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OutboxBacklog {
     /// Events neither delivered nor dead letters.
@@ -127,7 +130,9 @@ pub struct StatusReport {
     pub records: RecordEstimates,
     /// Standbys and their lag.
     pub replication: Replication,
-    /// The outbox backlog; `None` when the schema has no outbox relay columns.
+    /// The outbox backlog. Always there: `status` reads only a current schema, which has the
+    /// relay's columns (an `Option` so the JSON keeps the shape it had when they could be
+    /// missing).
     pub outbox: Option<OutboxBacklog>,
 }
 
@@ -152,11 +157,6 @@ impl StatusReport {
 /// The statements `status` reads with (schema-qualified ones through [`Conn`], which renders
 /// `{schema}`).
 mod sql {
-    pub(super) const BACKLOG: &str = "\
-SELECT count(*), min(replay_deadline), now()
-FROM {schema}.idempotency_records
-WHERE NOT expired AND replay_deadline <= now()";
-
     /// The due index's `reltuples` (live records), and for the purge index (BRIN since V5, whose
     /// `reltuples` counts block ranges) the table's `reltuples` less the live ones (tombstones);
     /// and whether the table was ever analysed or vacuumed:
@@ -192,18 +192,6 @@ SELECT coalesce(application_name, ''), client_addr::text, state, sync_state,
        extract(epoch FROM replay_lag)::float8
 FROM pg_stat_replication
 ORDER BY application_name, client_addr";
-
-    pub(super) const OUTBOX_PRESENT: &str = "\
-SELECT count(*) = 2 FROM information_schema.columns
-WHERE table_schema = $1 AND table_name = 'outbox_events'
-  AND column_name IN ('published_at', 'dead_lettered_at')";
-
-    pub(super) const OUTBOX_BACKLOG: &str = "\
-SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL),
-       min(created_at) FILTER (WHERE dead_lettered_at IS NULL),
-       count(*) FILTER (WHERE dead_lettered_at IS NOT NULL)
-FROM {schema}.outbox_events
-WHERE published_at IS NULL";
 }
 
 fn age_seconds(now: DateTime<Utc>, then: DateTime<Utc>) -> f64 {
@@ -249,16 +237,12 @@ async fn read_in(
     schema: &str,
     api_version: Option<i32>,
 ) -> Result<StatusReport, StatusError> {
-    let row = client
-        .query_one(sql::BACKLOG, &[])
-        .await
-        .map_err(read_error("the backlog"))?;
-    let read_at: DateTime<Utc> = row.try_get(2).map_err(read_error("the backlog"))?;
-    let oldest: Option<DateTime<Utc>> = row.try_get(1).map_err(read_error("the backlog"))?;
+    let due = Due::read(client).await.map_err(read_error("the backlog"))?;
+    let read_at = due.at;
     let backlog = Backlog {
-        due_rows: row.try_get(0).map_err(read_error("the backlog"))?,
-        oldest_due_deadline: oldest,
-        oldest_due_age_seconds: oldest.map(|t| age_seconds(read_at, t)),
+        due_rows: i64::try_from(due.rows).unwrap_or(i64::MAX),
+        oldest_due_deadline: due.oldest_deadline,
+        oldest_due_age_seconds: due.oldest_deadline.map(|t| age_seconds(read_at, t)),
     };
 
     let lease = LeaseState::read(client)
@@ -321,24 +305,13 @@ async fn read_in(
         }
     }
 
-    let outbox_present: bool = client
-        .query_one(sql::OUTBOX_PRESENT, &[&schema])
+    let outbox = crate::outbox::inspect::counts(client)
         .await
-        .and_then(|r| r.try_get(0))
-        .map_err(read_error("the outbox columns"))?;
-    let outbox = if outbox_present {
-        let row = client
-            .query_one(sql::OUTBOX_BACKLOG, &[])
-            .await
-            .map_err(read_error("the outbox backlog"))?;
-        let get = |e| read_error("the outbox backlog")(e);
-        Some(OutboxBacklog {
-            pending: row.try_get(0).map_err(get)?,
-            oldest_pending_created_at: row.try_get(1).map_err(get)?,
-            dead_letters: row.try_get(2).map_err(get)?,
-        })
-    } else {
-        None
+        .map_err(read_error("the outbox backlog"))?;
+    let outbox = OutboxBacklog {
+        pending: i64::try_from(outbox.pending).unwrap_or(i64::MAX),
+        oldest_pending_created_at: outbox.oldest_pending_created_at,
+        dead_letters: i64::try_from(outbox.dead_letters).unwrap_or(i64::MAX),
     };
 
     Ok(StatusReport {
@@ -352,6 +325,6 @@ async fn read_in(
         backlog,
         records,
         replication: Replication { visible, standbys },
-        outbox,
+        outbox: Some(outbox),
     })
 }

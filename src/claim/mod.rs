@@ -88,11 +88,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::db::Pool;
+use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::config::DatabaseConfig;
 use crate::db::{self, Conn, DbError};
 use crate::fingerprint::Fingerprint;
+use crate::metrics::Metrics;
 use crate::order_request::OrderRequest;
 
 /// The `operation` part of every record's scope written by this module.
@@ -226,6 +228,18 @@ pub enum ClaimOutcome {
 }
 
 impl ClaimOutcome {
+    /// The SQLSTATE of the database error this outcome answers, when the protocol turned one
+    /// into an answer: 55P03 for an owner still in flight past the lock timeout, 23505 on the
+    /// order's request id for a duplicate request.
+    pub fn sqlstate(&self) -> Option<&'static SqlState> {
+        match self {
+            ClaimOutcome::InProgress => Some(&SqlState::LOCK_NOT_AVAILABLE),
+            ClaimOutcome::DuplicateRequestSameOrder { .. }
+            | ClaimOutcome::DuplicateRequestConflict => Some(&SqlState::UNIQUE_VIOLATION),
+            _ => None,
+        }
+    }
+
     /// The `tombstoned_claims_total{outcome}` label.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -238,6 +252,33 @@ impl ClaimOutcome {
             ClaimOutcome::DuplicateRequestSameOrder { .. }
             | ClaimOutcome::DuplicateRequestConflict => "duplicate_request",
         }
+    }
+}
+
+/// What `POST /v1/orders` answered, as the claim metrics count it.
+#[derive(Debug, Clone, Copy)]
+pub enum Answered<'a> {
+    /// The claim ran and came to this outcome.
+    Outcome(&'a ClaimOutcome),
+    /// The request was refused before any claim (invalid; the key is not consumed).
+    Invalid,
+    /// The key's admission refused it: an owner and a waiter are in flight (answered as
+    /// [`ClaimOutcome::InProgress`], without asking the database).
+    KeyBusy,
+}
+
+/// Counts one answer: `tombstoned_claims_total{outcome}` and, for an outcome the database gave
+/// as an error, that error's SQLSTATE class in `tombstoned_db_errors_total`. The one place the
+/// claim metrics are recorded.
+pub fn count(metrics: &Metrics, answered: Answered<'_>) {
+    let (label, sqlstate) = match answered {
+        Answered::Outcome(outcome) => (outcome.metric_label(), outcome.sqlstate()),
+        Answered::Invalid => ("invalid", None),
+        Answered::KeyBusy => (ClaimOutcome::InProgress.metric_label(), None),
+    };
+    metrics.claims.with_label_values(&[label]).inc();
+    if let Some(class) = sqlstate.and_then(|code| code.code().get(..2)) {
+        metrics.db_error(class);
     }
 }
 
@@ -338,5 +379,25 @@ mod tests {
         assert_eq!(s.lock_timeout_setting(), "1500ms");
         assert_eq!(s.replay_window_micros(), 2_000_000);
         assert_eq!(s.deadline(), Duration::from_secs(8));
+    }
+
+    #[test]
+    fn an_answer_is_counted_with_the_sqlstate_class_behind_it() {
+        let metrics = Metrics::new().unwrap();
+        count(&metrics, Answered::Outcome(&ClaimOutcome::InProgress));
+        count(&metrics, Answered::KeyBusy);
+        count(
+            &metrics,
+            Answered::Outcome(&ClaimOutcome::DuplicateRequestConflict),
+        );
+        count(&metrics, Answered::Outcome(&ClaimOutcome::KeyReused));
+        count(&metrics, Answered::Invalid);
+        let claims = |label: &str| metrics.claims.with_label_values(&[label]).get();
+        assert_eq!(claims("in_progress"), 2);
+        assert_eq!(claims("duplicate_request"), 1);
+        assert_eq!((claims("key_reused"), claims("invalid")), (1, 1));
+        let errors = |class: &str| metrics.db_errors.with_label_values(&[class]).get();
+        // Only the waiter that met 55P03 asked the database; the busy key did not.
+        assert_eq!((errors("55"), errors("23")), (1, 1));
     }
 }

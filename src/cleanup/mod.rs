@@ -47,7 +47,7 @@ mod workers;
 
 pub use context::{RunContext, RunLimits};
 pub use dry_run::{
-    dry_run, dry_run_with_purge, DryRunReport, DueCount, OutboxPreview, PurgePreview,
+    dry_run, dry_run_with_purge, DryRunReport, Due, DueCount, OutboxPreview, PurgePreview,
     ReplicaPreview, WorkerSlice,
 };
 pub use figures::{FiguresCell, RunFigures};
