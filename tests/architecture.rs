@@ -32,6 +32,7 @@
 //!    references run one way: a circle is reported with the `file:line` of each of its edges.
 //!    A folder's `mod.rs` is the folder itself, not one of its files (it declares and
 //!    re-exports them). Test modules count too: a unit test takes what it needs from below.
+//!    The benchmark's scenarios (`benches/scenarios/`) keep this rule as well.
 //! 6. **Settings flow one way.** A settings type lives with the lowest module that reads it:
 //!    the `[database]` section in `db/settings.rs` (the database layer opens sessions with it),
 //!    every other section in `config/` (one file each), which also owns the file/env/flag
@@ -736,6 +737,37 @@ fn src_keeps_the_dependency_rules() {
         broken.is_empty(),
         "ARCHITECTURE.md's rules are broken:\n{}",
         broken.join("\n")
+    );
+}
+
+/// The benchmark's scenarios (`benches/scenarios/`, a crate of their own) keep rule 5 too: no
+/// circle between their modules.
+#[test]
+fn the_benchmark_has_no_circles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/scenarios");
+    let mut paths = Vec::new();
+    rust_files(&root, &mut paths);
+    paths.sort();
+    let files: Vec<Source> = paths
+        .iter()
+        .map(|p| {
+            let relative = p
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            Source::new(&relative, &std::fs::read_to_string(p).unwrap())
+        })
+        .collect();
+    assert!(
+        files.iter().any(|f| f.path == "api_limit.rs"),
+        "benches/scenarios not scanned"
+    );
+    let circles = circle_violations(&files);
+    assert!(
+        circles.is_empty(),
+        "the benchmark's modules form circles:\n{}",
+        circles.join("\n")
     );
 }
 

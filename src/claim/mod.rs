@@ -100,9 +100,6 @@ use crate::order_request::OrderRequest;
 /// The `operation` part of every record's scope written by this module.
 pub const OPERATION_CREATE_ORDER: &str = "create-order";
 
-/// Status of a newly created order.
-pub const ORDER_STATUS_CREATED: &str = "created";
-
 /// The unique constraint whose violation means "this request_id already has an order".
 pub const ORDER_REQUEST_CONSTRAINT: &str = "orders_tenant_request_key";
 
@@ -320,9 +317,10 @@ impl ClaimError {
 }
 
 /// Runs the protocol for one request on a connection of `pool` (opened for `database`, whose
-/// schema the statements name and whose `pooler` says how they are sent). Cancellation: callers
-/// should run this in a spawned task so an abandoned HTTP request never abandons a transaction
-/// half way.
+/// schema the statements name and whose `pooler` says how they are sent). Cancellation: a
+/// dropped claim may leave its transaction half way; a caller whose request can be abandoned
+/// keeps it running to its end (the HTTP API awaits it inline and hands it to its task tracker
+/// only if the request is dropped first: `http::run_to_end`).
 #[tracing::instrument(name = "claim", skip_all, fields(tenant = %req.tenant, principal = %req.principal))]
 pub async fn claim(
     pool: &Pool,
@@ -338,7 +336,8 @@ pub async fn claim(
     let commit_sent = AtomicBool::new(false);
     // Boxed: the protocol's state machine (every attempt's pipelined statements) is several
     // kilobytes, and an unboxed future is copied whole each time it moves (into the deadline,
-    // into the spawned task): the copies cost more than the claim's own work in the daemon.
+    // into the caller's future, into a task if it is abandoned): the copies cost more than the
+    // claim's own work in the daemon.
     let bounded = db::deadline::within(
         settings.deadline(),
         "the claim",
