@@ -111,7 +111,7 @@ pub struct OutboxBacklog {
 pub struct StatusReport {
     /// The configured schema.
     pub schema: String,
-    /// Its SQL API version (`api_version()`, [`crate::sql_api`]); `None` when this role may not
+    /// Its SQL API version (`api_version()`, [`crate::schema::api`]); `None` when this role may not
     /// call it.
     pub api_version: Option<i32>,
     /// The database clock when the snapshot was taken; every age is relative to it.
