@@ -701,13 +701,13 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-#[test]
-fn src_keeps_the_dependency_rules() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every `.rs` file below `dir` of the repository, by path relative to it.
+fn sources(dir: &str) -> Vec<Source> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut paths = Vec::new();
     rust_files(&root, &mut paths);
     paths.sort();
-    let files: Vec<Source> = paths
+    paths
         .iter()
         .map(|p| {
             let relative = p
@@ -717,7 +717,12 @@ fn src_keeps_the_dependency_rules() {
                 .replace('\\', "/");
             Source::new(&relative, &std::fs::read_to_string(p).unwrap())
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn src_keeps_the_dependency_rules() {
+    let files = sources("src");
     // The scan saw the tree it is meant to guard (a wrong root would pass vacuously).
     for expected in [
         "main.rs",
@@ -744,21 +749,7 @@ fn src_keeps_the_dependency_rules() {
 /// circle between their modules.
 #[test]
 fn the_benchmark_has_no_circles() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/scenarios");
-    let mut paths = Vec::new();
-    rust_files(&root, &mut paths);
-    paths.sort();
-    let files: Vec<Source> = paths
-        .iter()
-        .map(|p| {
-            let relative = p
-                .strip_prefix(&root)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
-            Source::new(&relative, &std::fs::read_to_string(p).unwrap())
-        })
-        .collect();
+    let files = sources("benches/scenarios");
     assert!(
         files.iter().any(|f| f.path == "api_limit.rs"),
         "benches/scenarios not scanned"

@@ -114,15 +114,16 @@ fn runner() -> refinery::Runner {
 
 /// The migrations this binary carries, oldest first (`applied_on` is `None`).
 pub fn known() -> Vec<MigrationInfo> {
-    runner()
-        .get_migrations()
-        .iter()
-        .map(|m| MigrationInfo {
-            version: m.version(),
-            name: m.name().to_owned(),
-            applied_on: None,
-        })
-        .collect()
+    runner().get_migrations().iter().map(info).collect()
+}
+
+/// A migration file as this binary knows it (not applied: no time).
+fn info(m: &refinery::Migration) -> MigrationInfo {
+    MigrationInfo {
+        version: m.version(),
+        name: m.name().to_owned(),
+        applied_on: None,
+    }
 }
 
 /// Applies every pending migration; returns the ones applied now (empty when already current).
@@ -165,15 +166,7 @@ async fn apply(
         .await
         .map_err(MigrationError::Apply)?;
     client.execute(sql::ADVISORY_UNLOCK, &[&lock_key]).await?;
-    Ok(report
-        .applied_migrations()
-        .iter()
-        .map(|m| MigrationInfo {
-            version: m.version(),
-            name: m.name().to_owned(),
-            applied_on: None,
-        })
-        .collect())
+    Ok(report.applied_migrations().iter().map(info).collect())
 }
 
 /// Compares the database's history (read on `conn`, in its schema) with the migrations embedded
@@ -215,18 +208,13 @@ pub async fn status(
     let mut status = MigrationStatus::default();
     let embedded = runner();
     for m in embedded.get_migrations() {
-        let version = m.version();
-        let info = MigrationInfo {
-            version,
-            name: m.name().to_owned(),
-            applied_on: None,
-        };
-        match recorded.iter().find(|r| r.0 == version) {
-            None => status.pending.push(info),
+        let known = info(m);
+        match recorded.iter().find(|r| r.0 == known.version) {
+            None => status.pending.push(known),
             Some((_, _, applied_on, checksum)) => {
                 let info = MigrationInfo {
                     applied_on: applied_on.clone(),
-                    ..info
+                    ..known
                 };
                 if checksum.as_deref() == Some(m.checksum().to_string().as_str()) {
                     status.applied.push(info);

@@ -346,55 +346,40 @@ async fn rendered(client: &Client, schema_name: &str, dir: &str) -> BTreeMap<Pat
         // PostgreSQL 18 also records each NOT NULL as a constraint (contype 'n'); the column
         // line says it already, and 15 has none: left out (module docs). A constraint trigger
         // (contype 't') is rendered as the trigger it is, below.
-        let constraints = client
-            .query(
-                "SELECT conname::text, pg_get_constraintdef(oid)
+        let alter = format!("ALTER TABLE {schema_name}.{name} ");
+        let parts = [
+            (
+                alter.as_str(),
+                "SELECT format('ADD CONSTRAINT %s %s', conname, pg_get_constraintdef(oid))
                  FROM pg_constraint WHERE conrelid = $1 AND contype NOT IN ('n', 't')
                  ORDER BY conname",
-                &[&oid],
-            )
-            .await
-            .unwrap();
-        if !constraints.is_empty() {
-            text.push('\n');
-        }
-        for c in &constraints {
-            text.push_str(&format!(
-                "ALTER TABLE {schema_name}.{name} ADD CONSTRAINT {} {};\n",
-                c.get::<_, String>(0),
-                c.get::<_, String>(1)
-            ));
-        }
-        let indexes = client
-            .query(
+            ),
+            (
+                "",
                 "SELECT pg_get_indexdef(i.indexrelid)
                  FROM pg_index i
                  WHERE i.indrelid = $1
                    AND NOT EXISTS (SELECT FROM pg_constraint c WHERE c.conindid = i.indexrelid)
                  ORDER BY i.indexrelid::regclass::text",
-                &[&oid],
-            )
-            .await
-            .unwrap();
-        if !indexes.is_empty() {
-            text.push('\n');
-        }
-        for i in &indexes {
-            text.push_str(&format!("{};\n", i.get::<_, String>(0)));
-        }
-        let triggers = client
-            .query(
+            ),
+            (
+                "",
                 "SELECT pg_get_triggerdef(oid) FROM pg_trigger
                  WHERE tgrelid = $1 AND NOT tgisinternal ORDER BY tgname",
-                &[&oid],
-            )
-            .await
-            .unwrap();
-        if !triggers.is_empty() {
-            text.push('\n');
-        }
-        for t in &triggers {
-            text.push_str(&format!("{};\n", t.get::<_, String>(0)));
+            ),
+        ];
+        for (prefix, query) in parts {
+            let statements: Vec<String> = client
+                .query(query, &[&oid])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| format!("{prefix}{};\n", r.get::<_, String>(0)))
+                .collect();
+            if !statements.is_empty() {
+                text.push('\n');
+                text.push_str(&statements.concat());
+            }
         }
         text.push_str(&format!("\n{}\n", acl_line(acl, &owner, "the owner only")));
         files.insert(dir.join("tables").join(format!("{name}.sql")), text);
