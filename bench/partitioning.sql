@@ -2,8 +2,8 @@
 -- partitioning"): schema tombstoned_hash, 8 partitions by hash of idempotency_key, with the
 -- table's columns, defaults, checks and indexes (the primary key contains the key, so it can be
 -- the partitioned table's primary key: uniqueness stays global), and copies of orders and
--- outbox_events and the scope table (V5: scope as an integer id) so the claim statement
--- plans against it unchanged.
+-- outbox_events and the scope table (V5: scope as an integer id) and the replay window's rule
+-- (V7) so the claim statement plans against it unchanged.
 --
 -- Run on a migrated database (tombstoned migrate), then EXPLAIN the product's statements with
 -- {schema} = tombstoned_hash; tests/it/bench_scripts.rs does exactly that:
@@ -35,6 +35,16 @@ $$;
 CREATE TABLE tombstoned_hash.idempotency_scopes (LIKE tombstoned.idempotency_scopes INCLUDING ALL);
 CREATE TABLE tombstoned_hash.orders (LIKE tombstoned.orders INCLUDING ALL);
 CREATE TABLE tombstoned_hash.outbox_events (LIKE tombstoned.outbox_events INCLUDING ALL);
+
+-- The replay window's rule the statements call ({schema}.replay_window_open, V7), copied from
+-- the migrated schema as its catalogue has it.
+DO $$
+BEGIN
+    EXECUTE replace(
+        pg_get_functiondef('tombstoned.replay_window_open(timestamptz, timestamptz)'::regprocedure),
+        'FUNCTION tombstoned.', 'FUNCTION tombstoned_hash.');
+END
+$$;
 
 -- 16 principals in 4 tenants: principal p is scope p + 1.
 INSERT INTO tombstoned_hash.idempotency_scopes (scope_id, tenant_id, principal_id, operation)

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError};
 use crate::connections::ConnectionLimits;
-use crate::db::{self, migrations};
+use crate::db;
 use crate::fd_budget::{self, FdPlan};
 use crate::http::{self, ApiState};
 use crate::metrics::Metrics;
@@ -32,8 +32,8 @@ use crate::ops::systemd::Notifier;
 use crate::ops::watchdog::WatchdogHealth;
 use crate::outbox::Relay;
 use crate::scheduler::{Scheduler, SchedulerStatus};
+use crate::schema::{self, Needs};
 use crate::signals::GracefulStop;
-use crate::sql_api;
 
 /// How long in-flight API requests may take to finish after SIGTERM.
 const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -132,30 +132,14 @@ fn open_api_pool(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Opti
     })
 }
 
-/// Database reachable and schema current, or no start at all (exit 69; systemd retries). Through
-/// a transaction pooler the API's role must also be able to run the claim's functions (V6).
+/// Database reachable and schema current, or no start at all (exit 69; systemd retries): the
+/// migrations this binary's, the SQL API's version one it knows, and, through a transaction
+/// pooler, the claim's functions (V6) executable by the API's role.
 async fn check_schema(config: &Config) -> anyhow::Result<()> {
     let session = db::connect(&config.database, "serve").await?;
-    let status = migrations::status(&session.conn(), None).await?;
-    if let Some(problem) = status.problem() {
-        return Err(migrations::SchemaNotCurrent(problem).into());
-    }
-    if let Some(api_version) = sql_api::schema_version(&session.conn()).await? {
-        sql_api::require_known(api_version)
-            .map_err(|unknown| migrations::SchemaNotCurrent(unknown.to_string()))?;
-    }
-    if config.api.enabled && !config.database.pooler.keeps_prepared_statements() {
-        if let Some(role) = crate::claim::role_without_claim_functions(&session.conn()).await? {
-            return Err(migrations::SchemaNotCurrent(format!(
-                "database.pooler = \"transaction\" runs claims through the functions \
-                 {schema}.endpoint_claim_order and {schema}.endpoint_claim_rejected (schema V6), \
-                 which role {role} may not execute: grant it EXECUTE on both (README, \
-                 \"Installing without the package\")",
-                schema = config.database.schema
-            ))
-            .into());
-        }
-    }
+    let api_through_functions =
+        config.api.enabled && !config.database.pooler.keeps_prepared_statements();
+    schema::check(&session.conn(), Needs::serve(api_through_functions), None).await?;
     Ok(())
 }
 

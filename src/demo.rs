@@ -21,8 +21,9 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::db::{self, migrations};
+use crate::db;
 use crate::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use crate::schema;
 use crate::signals::GracefulStop;
 
 /// `retention.replay_window` of the demo daemon unless `--replay-window` says otherwise.
@@ -193,7 +194,7 @@ async fn story(
         &[],
     )
     .context("the demo's database configuration")?;
-    let applied = migrations::migrate(&db_config.database)
+    let applied = schema::migrate(&db_config.database)
         .await
         .context("cannot migrate the demo database")?;
     let names: Vec<String> = applied

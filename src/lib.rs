@@ -25,9 +25,11 @@
 //!   status` reads (lease, run history, backlog, lag) in one read-only snapshot; [`conformance`]
 //!   — `tombstoned conformance`: any HTTP endpoint checked from outside against the idempotency
 //!   contract, nine checks returning a typed report;
+//! * the database contract: [`schema`] — which schema this binary needs: the migrations that
+//!   build it, the SQL API's version, and the one check every caller asks (the schema as it
+//!   stands is committed under `schema/`);
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
-//!   one error text, shared statements, [`db::migrations`], its own `[database]` section
-//!   ([`db::settings`]); [`config`] — the configuration validated into typed values, one file
+//!   one error text, shared statements, its own `[database]` section ([`db::settings`]); [`config`] — the configuration validated into typed values, one file
 //!   per section, composing `db`'s; [`metrics`] — every Prometheus series; `connections` — the
 //!   HTTP server loop both listeners share (connection cap, header-read and idle timeouts,
 //!   bounded shutdown); `fd_budget` — fitting those caps into `RLIMIT_NOFILE`;
@@ -75,9 +77,9 @@ pub mod outbox;
 pub mod pg_cluster;
 pub mod schedule;
 pub mod scheduler;
+pub mod schema;
 pub(crate) mod settings;
 pub(crate) mod signals;
-pub mod sql_api;
 pub mod status;
 pub(crate) mod stdout;
 pub(crate) mod toml_diagnostic;

@@ -8,7 +8,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::claim::OPERATION_CREATE_ORDER;
+use crate::claim::{RecordState, OPERATION_CREATE_ORDER};
 use crate::config::DatabaseConfig;
 use crate::db::{self, Conn, DbError, ErrorClass, Param};
 use crate::money::Currency;
@@ -26,7 +26,7 @@ WHERE order_id = $1 AND tenant_id = $2";
     /// resource never reveals the stored response.
     pub const KEY_STATUS: &str = "\
 SELECT status_code, order_id, expired, created_at, replay_deadline, expired_at,
-       replay_deadline <= now() AS past_deadline
+       NOT {schema}.replay_window_open(replay_deadline, now()) AS past_deadline
 FROM {schema}.idempotency_records
 WHERE scope_id = (SELECT scope_id FROM {schema}.idempotency_scopes
                   WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3)
@@ -205,17 +205,16 @@ pub async fn key_status(
         return Ok(None);
     };
     let get = |e| LookupError::Database(DbError::Query(e));
-    let expired: bool = row.try_get("expired").map_err(get)?;
-    let past_deadline: bool = row.try_get("past_deadline").map_err(get)?;
+    let record = RecordState::read(&row).map_err(get)?;
     let status_code: Option<i16> = row.try_get("status_code").map_err(get)?;
     let expired_at: Option<DateTime<Utc>> = row.try_get("expired_at").map_err(get)?;
     Ok(Some(KeyStatus {
         idempotency_key: key.to_owned(),
         operation: OPERATION_CREATE_ORDER,
-        state: if expired || past_deadline {
-            KeyState::Expired
-        } else {
+        state: if record.is_replayable() {
             KeyState::Completed
+        } else {
+            KeyState::Expired
         },
         status_code: status_code.and_then(|s| u16::try_from(s).ok()),
         order_id: row.try_get("order_id").map_err(get)?,

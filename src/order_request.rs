@@ -15,18 +15,6 @@ pub const MAX_TEXT_CHARS: usize = 255;
 /// Arrays and objects may nest this deep (the body itself is level 1).
 pub const MAX_DEPTH: usize = 32;
 
-/// The fields a body may carry.
-pub const FIELDS: &[&str] = &[
-    "request_id",
-    "amount",
-    "amount_minor",
-    "currency",
-    "item",
-    "quantity",
-    "recipient",
-    "metadata",
-];
-
 /// A validated order request, defaults applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OrderRequest {

@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::cleanup::{self, LeasedRun, RunLimits, RunOutcome, RunReport};
+use crate::cleanup::{self, LeasedRun, Meter, RunLimits, RunOutcome, RunReport};
 use crate::config::{Config, DatabaseConfig};
 use crate::metrics::Metrics;
 use crate::schedule::Schedule;
@@ -258,7 +258,7 @@ impl Scheduler {
             let missed = missed_fires(&config.cleanup.schedule, fired_at, now);
             if missed > 0 && config.cleanup.enabled {
                 // Fire times that passed while the run went on: ONE catch-up run, right away.
-                metrics.cleanup_fires_coalesced.inc_by(missed);
+                Meter::new(Some(&metrics)).fires_coalesced(missed);
                 status.send_modify(|s| s.fires_coalesced += missed);
                 tracing::info!(
                     missed,
@@ -310,9 +310,7 @@ fn publish_waiting(
     metrics: &Metrics,
     next: Option<DateTime<Utc>>,
 ) {
-    metrics
-        .cleanup_next_run_timestamp_seconds
-        .set(next.map_or(0.0, |t| t.timestamp_millis() as f64 / 1000.0));
+    Meter::new(Some(metrics)).next_run(next);
     status.send_modify(|s| {
         s.heartbeat = Instant::now();
         s.next_fire = next;
@@ -325,7 +323,7 @@ fn publish_waiting(
 }
 
 fn stop(status: &watch::Sender<SchedulerStatus>, metrics: &Metrics) {
-    metrics.cleanup_next_run_timestamp_seconds.set(0.0);
+    Meter::new(Some(metrics)).next_run(None);
     status.send_modify(|s| {
         s.state = SchedulerState::Stopped;
         s.next_fire = None;
@@ -371,10 +369,7 @@ async fn fire(
     match cleanup::server_refuses_writes(db, &config.cleanup).await {
         Ok(None) => {}
         Ok(Some(reason)) => {
-            metrics
-                .cleanup_runs
-                .with_label_values(&[RunOutcome::SkippedReadOnly.label()])
-                .inc();
+            Meter::new(Some(metrics)).skipped_read_only();
             tracing::warn!(reason, "cleanup run skipped: the server refuses writes");
             return done(
                 RunOutcome::SkippedReadOnly,
@@ -384,13 +379,7 @@ async fn fire(
             );
         }
         Err(e) => {
-            metrics
-                .cleanup_runs
-                .with_label_values(&[RunOutcome::Failed.label()])
-                .inc();
-            if let Some(class) = e.sqlstate_class() {
-                metrics.db_error(class);
-            }
+            Meter::new(Some(metrics)).failed(&e);
             let error = e.summary();
             tracing::warn!(error = %error, "cleanup run failed; next try at the next fire time");
             return done(RunOutcome::Failed, None, Some(error), !e.is_unavailable());

@@ -1,7 +1,10 @@
 //! What `tombstoned status` reads from the configured database, in one READ ONLY snapshot: the
 //! cleanup lease, the run history, the backlog, record counts (estimates), replication lag per
 //! standby and the outbox backlog — and the health verdict a monitoring check needs
-//! ([`StatusReport::stale`]). Nothing here prints; `src/cli/status.rs` renders it.
+//! ([`StatusReport::stale`]). Nothing here prints; `src/cli/status.rs` renders it. What a
+//! feature owns, the feature reads (the lease, the history, the rows due, the outbox counts, the
+//! schema's check); `status` composes them, and reads itself only what no feature does (the
+//! catalogue's estimates, the standbys).
 
 use std::time::Duration;
 
@@ -9,9 +12,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::cleanup::sql::{DRY_RUN_BEGIN as READ_ONLY_SNAPSHOT, DRY_RUN_END as END_SNAPSHOT};
-use crate::cleanup::{LeaseState, RecordedRun};
+use crate::cleanup::{Due, LeaseState, RecordedRun};
 use crate::config::DatabaseConfig;
-use crate::db::{self, migrations, Conn, DbError};
+use crate::db::{self, Conn, DbError};
+use crate::schema::{self, CheckError, Needs};
 
 /// How many recent runs the report lists.
 pub const RECENT_RUNS: i64 = 10;
@@ -91,7 +95,7 @@ pub struct Replication {
     pub standbys: Vec<Standby>,
 }
 
-/// The outbox backlog (only once the outbox relay's columns exist).
+/// The outbox backlog, as the relay's own reader counts it ([`crate::outbox::inspect::counts`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OutboxBacklog {
     /// Events neither delivered nor dead letters.
@@ -107,7 +111,7 @@ pub struct OutboxBacklog {
 pub struct StatusReport {
     /// The configured schema.
     pub schema: String,
-    /// Its SQL API version (`api_version()`, [`crate::sql_api`]); `None` when this role may not
+    /// Its SQL API version (`api_version()`, [`crate::schema::api`]); `None` when this role may not
     /// call it.
     pub api_version: Option<i32>,
     /// The database clock when the snapshot was taken; every age is relative to it.
@@ -126,7 +130,9 @@ pub struct StatusReport {
     pub records: RecordEstimates,
     /// Standbys and their lag.
     pub replication: Replication,
-    /// The outbox backlog; `None` when the schema has no outbox relay columns.
+    /// The outbox backlog. Always there: `status` reads only a current schema, which has the
+    /// relay's columns (an `Option` so the JSON keeps the shape it had when they could be
+    /// missing).
     pub outbox: Option<OutboxBacklog>,
 }
 
@@ -151,11 +157,6 @@ impl StatusReport {
 /// The statements `status` reads with (schema-qualified ones through [`Conn`], which renders
 /// `{schema}`).
 mod sql {
-    pub(super) const BACKLOG: &str = "\
-SELECT count(*), min(replay_deadline), now()
-FROM {schema}.idempotency_records
-WHERE NOT expired AND replay_deadline <= now()";
-
     /// The due index's `reltuples` (live records), and for the purge index (BRIN since V5, whose
     /// `reltuples` counts block ranges) the table's `reltuples` less the live ones (tombstones);
     /// and whether the table was ever analysed or vacuumed:
@@ -191,18 +192,6 @@ SELECT coalesce(application_name, ''), client_addr::text, state, sync_state,
        extract(epoch FROM replay_lag)::float8
 FROM pg_stat_replication
 ORDER BY application_name, client_addr";
-
-    pub(super) const OUTBOX_PRESENT: &str = "\
-SELECT count(*) = 2 FROM information_schema.columns
-WHERE table_schema = $1 AND table_name = 'outbox_events'
-  AND column_name IN ('published_at', 'dead_lettered_at')";
-
-    pub(super) const OUTBOX_BACKLOG: &str = "\
-SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL),
-       min(created_at) FILTER (WHERE dead_lettered_at IS NULL),
-       count(*) FILTER (WHERE dead_lettered_at IS NOT NULL)
-FROM {schema}.outbox_events
-WHERE published_at IS NULL";
 }
 
 fn age_seconds(now: DateTime<Utc>, then: DateTime<Utc>) -> f64 {
@@ -217,23 +206,24 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
         .await
         .map_err(StatusError::Connect)?;
     let conn = session.conn();
-    let migration_state =
-        migrations::status(&conn, None)
+    // Outside the snapshot: a role that may not call api_version() (42501) must not abort it.
+    let current =
+        schema::check(&conn, Needs::STATUS, None)
             .await
-            .map_err(|source| StatusError::Read {
-                step: "migrations",
-                source,
+            .map_err(|failed| match failed {
+                CheckError::NotCurrent(not_current) => StatusError::SchemaNotCurrent(not_current.0),
+                CheckError::Db(source) => StatusError::Read {
+                    step: "the schema",
+                    source,
+                },
             })?;
-    if let Some(problem) = migration_state.problem() {
-        return Err(StatusError::SchemaNotCurrent(problem));
-    }
     // Simple-protocol BEGIN/ROLLBACK (nothing kept on the session, fine through any pooler).
     session
         .client
         .batch_execute(READ_ONLY_SNAPSHOT)
         .await
         .map_err(read_error("starting a read-only transaction"))?;
-    let report = read_in(&conn, &db.schema).await?;
+    let report = read_in(&conn, &db.schema, current.api_version).await?;
     session
         .client
         .batch_execute(END_SNAPSHOT)
@@ -242,17 +232,17 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
     Ok(report)
 }
 
-async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, StatusError> {
-    let row = client
-        .query_one(sql::BACKLOG, &[])
-        .await
-        .map_err(read_error("the backlog"))?;
-    let read_at: DateTime<Utc> = row.try_get(2).map_err(read_error("the backlog"))?;
-    let oldest: Option<DateTime<Utc>> = row.try_get(1).map_err(read_error("the backlog"))?;
+async fn read_in(
+    client: &Conn<'_>,
+    schema: &str,
+    api_version: Option<i32>,
+) -> Result<StatusReport, StatusError> {
+    let due = Due::read(client).await.map_err(read_error("the backlog"))?;
+    let read_at = due.at;
     let backlog = Backlog {
-        due_rows: row.try_get(0).map_err(read_error("the backlog"))?,
-        oldest_due_deadline: oldest,
-        oldest_due_age_seconds: oldest.map(|t| age_seconds(read_at, t)),
+        due_rows: i64::try_from(due.rows).unwrap_or(i64::MAX),
+        oldest_due_deadline: due.oldest_deadline,
+        oldest_due_age_seconds: due.oldest_deadline.map(|t| age_seconds(read_at, t)),
     };
 
     let lease = LeaseState::read(client)
@@ -315,32 +305,14 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
         }
     }
 
-    let outbox_present: bool = client
-        .query_one(sql::OUTBOX_PRESENT, &[&schema])
+    let outbox = crate::outbox::inspect::counts(client)
         .await
-        .and_then(|r| r.try_get(0))
-        .map_err(read_error("the outbox columns"))?;
-    let outbox = if outbox_present {
-        let row = client
-            .query_one(sql::OUTBOX_BACKLOG, &[])
-            .await
-            .map_err(read_error("the outbox backlog"))?;
-        let get = |e| read_error("the outbox backlog")(e);
-        Some(OutboxBacklog {
-            pending: row.try_get(0).map_err(get)?,
-            oldest_pending_created_at: row.try_get(1).map_err(get)?,
-            dead_letters: row.try_get(2).map_err(get)?,
-        })
-    } else {
-        None
+        .map_err(read_error("the outbox backlog"))?;
+    let outbox = OutboxBacklog {
+        pending: i64::try_from(outbox.pending).unwrap_or(i64::MAX),
+        oldest_pending_created_at: outbox.oldest_pending_created_at,
+        dead_letters: i64::try_from(outbox.dead_letters).unwrap_or(i64::MAX),
     };
-
-    let api_version = crate::sql_api::schema_version(client)
-        .await
-        .map_err(|source| StatusError::Read {
-            step: "the SQL API version",
-            source,
-        })?;
 
     Ok(StatusReport {
         schema: schema.to_owned(),
@@ -353,6 +325,6 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
         backlog,
         records,
         replication: Replication { visible, standbys },
-        outbox,
+        outbox: Some(outbox),
     })
 }

@@ -9,16 +9,17 @@
 //!    cli), and what it has to show it returns, or writes through what the edge gives it (the
 //!    demo's story: `demo::Print`).
 //! 2. **Services know nothing of the edge or of HTTP.** The files of `cleanup/`, `claim/`,
-//!    `outbox/`, `lookup.rs` and `scheduler.rs` do not reach the crate modules `http`, `daemon`,
+//!    `outbox/`, `lookup.rs`, `scheduler.rs` and `schema/` do not reach the crate modules `http`, `daemon`,
 //!    `ops` or `cli`, nor the crate `axum`; and they never print (`print!`, `println!`,
 //!    `eprint!`, `eprintln!`, `dbg!`, `stdout`, `stderr`): what they have to say is a return
 //!    value or a `tracing` event, and the edge decides how it is shown.
 //! 3. **SQL text lives in `sql` modules.** A string literal whose first word is an upper-case SQL
 //!    command (`SELECT`, `INSERT`, `UPDATE`, `DELETE`, `WITH`, `CREATE`, `ALTER`, `DROP`,
 //!    `TRUNCATE`, `LOCK`) followed by a blank or `(` is allowed only in files named `sql.rs`, in
-//!    an inline `mod sql { … }` (`lookup.rs`), under `src/db/` (the shared statements, session checks and migration bookkeeping) and in
-//!    `src/demo.rs` (a scripted *client* that checks, as an operator would with psql, what the
-//!    daemon wrote — not a statement of the product). The schema itself is in `migrations/`.
+//!    an inline `mod sql { … }` (`lookup.rs`), under `src/db/` (the shared statements and session
+//!    checks) and in `src/demo.rs` (a scripted *client* that checks, as an operator would with
+//!    psql, what the daemon wrote — not a statement of the product). The schema itself is in
+//!    `migrations/` (and, as it stands, in `schema/`).
 //!    Statements are written upper-case throughout the project; that convention is what makes
 //!    this rule checkable (`"DELETE"` alone, an HTTP method's name, is not a statement).
 //! 4. **The pure core stays pure.** `schedule`, `cleanup/keyset`, `fingerprint`, `money`,
@@ -31,12 +32,17 @@
 //!    references run one way: a circle is reported with the `file:line` of each of its edges.
 //!    A folder's `mod.rs` is the folder itself, not one of its files (it declares and
 //!    re-exports them). Test modules count too: a unit test takes what it needs from below.
+//!    The benchmark's scenarios (`benches/scenarios/`) keep this rule as well.
 //! 6. **Settings flow one way.** A settings type lives with the lowest module that reads it:
 //!    the `[database]` section in `db/settings.rs` (the database layer opens sessions with it),
 //!    every other section in `config/` (one file each), which also owns the file/env/flag
 //!    merge and re-exports all of them. So `db/` never names `config`, and `config/` names of
 //!    the crate only what sits below it (`db`, `settings`, `money`, `schedule`,
 //!    `toml_diagnostic`): never a service, the composition or the edge.
+//! 7. **One owner of the schema.** Only the files of `src/schema/` name the migration files (a
+//!    string with `migrations/` in it: `include_str!`, `embed_migrations!`) and the migration
+//!    library (`refinery`): which schema this binary needs, and how it gets there, is decided in
+//!    one place, and everything else asks `schema::check` or calls `schema::migrate`.
 //!
 //! How: a small lexer blanks out comments and string literals (keeping the literals aside for
 //! rule 3), so that a word in a doc comment or an error message never counts; module
@@ -397,8 +403,8 @@ const SERVICES: &[&str] = &[
     "outbox",
     "lookup",
     "scheduler",
-    "sql_api",
     "conformance",
+    "schema",
 ];
 const EDGE_AND_HTTP: &[&str] = &["http", "daemon", "ops", "cli"];
 const PURE_CORE: &[&str] = &[
@@ -423,6 +429,8 @@ const EDGE: &[&str] = &["cli", "stdout"];
 /// What `config/` may name of the crate besides itself (rule 6).
 const BELOW_CONFIG: &[&str] = &["db", "settings", "money", "schedule", "toml_diagnostic"];
 const PRINTING_MACROS: &[&str] = &["print", "println", "eprint", "eprintln", "dbg"];
+/// The migration library (rule 7).
+const MIGRATION_LIBRARY: &str = "refinery";
 
 /// Every rule broken by the files, one line each (`path:line: what`).
 fn violations(files: &[Source]) -> Vec<String> {
@@ -536,6 +544,26 @@ fn violations(files: &[Source]) -> Vec<String> {
                     out.push(format!(
                         "{}: pure core imports {module}, which is not pure core",
                         at(offset)
+                    ));
+                }
+            }
+        }
+
+        // Rule 7.
+        if !src.under("schema") {
+            for (offset, root) in path_roots(src) {
+                if root == MIGRATION_LIBRARY {
+                    out.push(format!(
+                        "{}: names {MIGRATION_LIBRARY}, the migration library (only schema/ may)",
+                        at(offset)
+                    ));
+                }
+            }
+            for (offset, literal) in &src.strings {
+                if literal.contains("migrations/") {
+                    out.push(format!(
+                        "{}: names the migration files (\"{literal}\"; only schema/ may)",
+                        at(*offset)
                     ));
                 }
             }
@@ -674,13 +702,13 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-#[test]
-fn src_keeps_the_dependency_rules() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every `.rs` file below `dir` of the repository, by path relative to it.
+fn sources(dir: &str) -> Vec<Source> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut paths = Vec::new();
     rust_files(&root, &mut paths);
     paths.sort();
-    let files: Vec<Source> = paths
+    paths
         .iter()
         .map(|p| {
             let relative = p
@@ -690,7 +718,12 @@ fn src_keeps_the_dependency_rules() {
                 .replace('\\', "/");
             Source::new(&relative, &std::fs::read_to_string(p).unwrap())
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn src_keeps_the_dependency_rules() {
+    let files = sources("src");
     // The scan saw the tree it is meant to guard (a wrong root would pass vacuously).
     for expected in [
         "main.rs",
@@ -698,6 +731,7 @@ fn src_keeps_the_dependency_rules() {
         "cleanup/run.rs",
         "claim/sql.rs",
         "exit.rs",
+        "schema/migrations.rs",
     ] {
         assert!(
             files.iter().any(|f| f.path == expected),
@@ -709,6 +743,23 @@ fn src_keeps_the_dependency_rules() {
         broken.is_empty(),
         "ARCHITECTURE.md's rules are broken:\n{}",
         broken.join("\n")
+    );
+}
+
+/// The benchmark's scenarios (`benches/scenarios/`, a crate of their own) keep rule 5 too: no
+/// circle between their modules.
+#[test]
+fn the_benchmark_has_no_circles() {
+    let files = sources("benches/scenarios");
+    assert!(
+        files.iter().any(|f| f.path == "api_limit.rs"),
+        "benches/scenarios not scanned"
+    );
+    let circles = circle_violations(&files);
+    assert!(
+        circles.is_empty(),
+        "the benchmark's modules form circles:\n{}",
+        circles.join("\n")
     );
 }
 
@@ -986,6 +1037,39 @@ mod scanner {
         assert!(check(
             "cleanup/run.rs",
             "use crate::config::{CleanupConfig, DatabaseConfig};"
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn naming_the_migrations_outside_schema_fails() {
+        assert_eq!(
+            check(
+                "db/mod.rs",
+                "mod m { refinery::embed_migrations!(\"migrations\"); }"
+            )
+            .len(),
+            1
+        );
+        assert_eq!(check("daemon.rs", "use refinery::Runner;").len(), 1);
+        assert_eq!(
+            check(
+                "sql_api.rs",
+                "const V4: &str = include_str!(\"../migrations/V4__sql_api.sql\");"
+            )
+            .len(),
+            1
+        );
+        // Allowed: schema/ itself; the word in a comment, or the schema's module named.
+        assert!(check(
+            "schema/migrations.rs",
+            "mod e { refinery::embed_migrations!(\"migrations\"); } \
+             const F: &str = include_str!(\"../../migrations/V1__x.sql\");"
+        )
+        .is_empty());
+        assert!(check(
+            "daemon.rs",
+            "// migrations/V7\nuse crate::schema::migrations; fn f() { schema::migrate(); }"
         )
         .is_empty());
     }

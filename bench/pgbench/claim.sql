@@ -22,14 +22,16 @@ WITH scope AS (
     SELECT scope_id FROM "tombstoned".idempotency_scopes
     WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation
 ), existing AS (
-    SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
+    SELECT fingerprint, status_code, order_id, expired,
+           NOT "tombstoned".replay_window_open(replay_deadline, now()) AS past_deadline
     FROM "tombstoned".idempotency_records
     WHERE scope_id = (SELECT scope_id FROM scope) AND idempotency_key = :key
 ), replay AS (
     SELECT status_code AS replay_status, response_body::text AS replay_body
     FROM "tombstoned".idempotency_records
     WHERE scope_id = (SELECT scope_id FROM scope) AND idempotency_key = :key
-      AND fingerprint = :fingerprint::bytea AND NOT expired AND replay_deadline > now()
+      AND fingerprint = :fingerprint::bytea
+      AND NOT expired AND "tombstoned".replay_window_open(replay_deadline, now())
     FOR SHARE
 ), claim AS (
     INSERT INTO "tombstoned".idempotency_records

@@ -24,7 +24,7 @@ use crate::daemon::{Daemon, Memory};
 use crate::http_load::{closed_loop, error_kinds, post_order, Expect, LoadResult, Make};
 use crate::pgbench::{self, PgbenchResult};
 use crate::report::{check, num, range, Row, ScenarioResult};
-use crate::seed::{token, Record};
+use crate::seed::{token, Record, LOCK_TIMEOUT, WINDOW_US};
 use crate::stats::{median, median_of_pair_ratios, ratio};
 use crate::Bench;
 
@@ -37,10 +37,6 @@ const RECIPIENT: &str = "Customer 77 <customer77@example.com>";
 const METADATA: &str = r#"{"channel":"bench"}"#;
 /// How long exited backends take to be reaped (CPU accounting).
 const SETTLE: Duration = Duration::from_millis(1000);
-/// `api.claim_lock_timeout` (default) as the API sends it.
-pub const LOCK_TIMEOUT: &str = "2000ms";
-/// `retention.replay_window` (default 24 h) in microseconds, as the API sends it.
-pub const WINDOW_US: &str = "86400000000";
 
 /// Claims or replays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

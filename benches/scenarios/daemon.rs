@@ -4,10 +4,11 @@
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use tokio::process::Child;
+use tokio::process::{Child, Command};
 
 use crate::http_load::Conn;
 use crate::Bench;
@@ -107,7 +108,7 @@ impl Daemon {
         std::fs::write(&tokens, crate::seed::tokens_file())?;
         let api: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let mut command = crate::floor::wrapped(wrapper, &bench.binary);
+        let mut command = wrapped(wrapper, &bench.binary);
         command
             .arg("serve")
             .env_clear()
@@ -199,6 +200,18 @@ impl Daemon {
                 bail!("tombstoned serve did not stop within {within:?} of SIGTERM")
             }
         }
+    }
+}
+
+/// `program` as a command, or `wrapper[0] wrapper[1..] program` when a wrapper is given.
+pub fn wrapped(wrapper: &[OsString], program: &Path) -> Command {
+    match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut command = Command::new(first);
+            command.args(rest).arg(program);
+            command
+        }
+        None => Command::new(program),
     }
 }
 

@@ -25,7 +25,7 @@ use std::convert::Infallible;
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -39,15 +39,14 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Statement};
 use tombstoned::claim::{sql, OPERATION_CREATE_ORDER};
 use tombstoned::money::Currency;
 use uuid::Uuid;
 
-use crate::api_limit::{LOCK_TIMEOUT, WINDOW_US};
-use crate::seed::API_VERSION;
+use crate::seed::{API_VERSION, LOCK_TIMEOUT, WINDOW_US};
 use crate::Bench;
 
 /// The hidden first argument that turns the `scenarios` binary into the floor server.
@@ -427,7 +426,7 @@ impl Floor {
             tombstoned::pg_cluster::free_loopback_port()?
         )
         .parse()?;
-        let mut command = wrapped(wrapper, &exe);
+        let mut command = crate::daemon::wrapped(wrapper, &exe);
         command
             .arg(SERVE_FLAG)
             .arg("--listen")
@@ -476,18 +475,6 @@ impl Floor {
                 bail!("the floor server did not stop within {within:?} of SIGTERM")
             }
         }
-    }
-}
-
-/// `program` as a command, or `wrapper[0] wrapper[1..] program` when a wrapper is given.
-pub fn wrapped(wrapper: &[OsString], program: &Path) -> Command {
-    match wrapper.split_first() {
-        Some((first, rest)) => {
-            let mut command = Command::new(first);
-            command.args(rest).arg(program);
-            command
-        }
-        None => Command::new(program),
     }
 }
 

@@ -423,12 +423,24 @@ fn live_batches_keyed(
 
 /// Applies the product's migrations to `db`.
 pub async fn migrate(server: &Server, db: &str) -> Result<()> {
-    let vars = vec![("TOMBSTONED_DATABASE_URL".to_owned(), server.url(db))];
-    let config = tombstoned::config::Config::load_from(None, vars, &[])?;
-    tombstoned::db::migrations::migrate(&config.database)
+    tombstoned::schema::migrate(&database_config(server, db)?)
         .await
         .with_context(|| format!("migrating {db}"))?;
     Ok(())
+}
+
+/// Applies the product's migrations up to and including `version` to `db`, as the release that
+/// ended there left it.
+pub async fn migrate_to(server: &Server, db: &str, version: i32) -> Result<()> {
+    tombstoned::schema::migrate_to(&database_config(server, db)?, version)
+        .await
+        .with_context(|| format!("migrating {db} to V{version}"))?;
+    Ok(())
+}
+
+fn database_config(server: &Server, db: &str) -> Result<tombstoned::config::DatabaseConfig> {
+    let vars = vec![("TOMBSTONED_DATABASE_URL".to_owned(), server.url(db))];
+    Ok(tombstoned::config::Config::load_from(None, vars, &[])?.database)
 }
 
 /// Machine facts for the report.

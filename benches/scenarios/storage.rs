@@ -210,10 +210,6 @@ async fn waldump(bench: &Bench, start: &str, end: &str) -> Result<Option<WalStat
     Ok(Some(stats))
 }
 
-mod embedded {
-    refinery::embed_migrations!("migrations");
-}
-
 /// The same records in each layout, measured alike: per live record and per tombstone.
 #[derive(Debug, Clone, Serialize)]
 pub struct LayoutSizes {
@@ -250,16 +246,7 @@ async fn layout_db(bench: &mut Bench, layout: Layout) -> Result<(String, Client)
         .db_name(&format!("layout_{layout:?}").to_lowercase());
     bench.server.create_db(&db).await?;
     match layout {
-        Layout::V4 => {
-            let mut client = bench.server.connect(&db).await?;
-            client
-                .batch_execute("CREATE SCHEMA IF NOT EXISTS tombstoned")
-                .await?;
-            let mut runner =
-                embedded::migrations::runner().set_target(refinery::Target::Version(4));
-            runner.set_migration_table_name(tombstoned::db::migrations::HISTORY_TABLE);
-            runner.run_async(&mut client).await?;
-        }
+        Layout::V4 => crate::migrate_to(&bench.server, &db, 4).await?,
         Layout::V5 => crate::migrate(&bench.server, &db).await?,
     }
     let client = bench.server.connect(&db).await?;

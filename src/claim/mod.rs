@@ -78,26 +78,27 @@
 //! response and every replay are byte-for-byte identical.
 
 mod protocol;
+mod record;
 pub mod sql;
 
+pub use record::RecordState;
 pub use sql::STATEMENTS;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::db::Pool;
+use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use crate::config::DatabaseConfig;
 use crate::db::{self, Conn, DbError};
 use crate::fingerprint::Fingerprint;
+use crate::metrics::Metrics;
 use crate::order_request::OrderRequest;
 
 /// The `operation` part of every record's scope written by this module.
 pub const OPERATION_CREATE_ORDER: &str = "create-order";
-
-/// Status of a newly created order.
-pub const ORDER_STATUS_CREATED: &str = "created";
 
 /// The unique constraint whose violation means "this request_id already has an order".
 pub const ORDER_REQUEST_CONSTRAINT: &str = "orders_tenant_request_key";
@@ -224,6 +225,18 @@ pub enum ClaimOutcome {
 }
 
 impl ClaimOutcome {
+    /// The SQLSTATE of the database error this outcome answers, when the protocol turned one
+    /// into an answer: 55P03 for an owner still in flight past the lock timeout, 23505 on the
+    /// order's request id for a duplicate request.
+    pub fn sqlstate(&self) -> Option<&'static SqlState> {
+        match self {
+            ClaimOutcome::InProgress => Some(&SqlState::LOCK_NOT_AVAILABLE),
+            ClaimOutcome::DuplicateRequestSameOrder { .. }
+            | ClaimOutcome::DuplicateRequestConflict => Some(&SqlState::UNIQUE_VIOLATION),
+            _ => None,
+        }
+    }
+
     /// The `tombstoned_claims_total{outcome}` label.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -236,6 +249,33 @@ impl ClaimOutcome {
             ClaimOutcome::DuplicateRequestSameOrder { .. }
             | ClaimOutcome::DuplicateRequestConflict => "duplicate_request",
         }
+    }
+}
+
+/// What `POST /v1/orders` answered, as the claim metrics count it.
+#[derive(Debug, Clone, Copy)]
+pub enum Answered<'a> {
+    /// The claim ran and came to this outcome.
+    Outcome(&'a ClaimOutcome),
+    /// The request was refused before any claim (invalid; the key is not consumed).
+    Invalid,
+    /// The key's admission refused it: an owner and a waiter are in flight (answered as
+    /// [`ClaimOutcome::InProgress`], without asking the database).
+    KeyBusy,
+}
+
+/// Counts one answer: `tombstoned_claims_total{outcome}` and, for an outcome the database gave
+/// as an error, that error's SQLSTATE class in `tombstoned_db_errors_total`. The one place the
+/// claim metrics are recorded.
+pub fn count(metrics: &Metrics, answered: Answered<'_>) {
+    let (label, sqlstate) = match answered {
+        Answered::Outcome(outcome) => (outcome.metric_label(), outcome.sqlstate()),
+        Answered::Invalid => ("invalid", None),
+        Answered::KeyBusy => (ClaimOutcome::InProgress.metric_label(), None),
+    };
+    metrics.claims.with_label_values(&[label]).inc();
+    if let Some(class) = sqlstate.and_then(|code| code.code().get(..2)) {
+        metrics.db_error(class);
     }
 }
 
@@ -277,9 +317,10 @@ impl ClaimError {
 }
 
 /// Runs the protocol for one request on a connection of `pool` (opened for `database`, whose
-/// schema the statements name and whose `pooler` says how they are sent). Cancellation: callers
-/// should run this in a spawned task so an abandoned HTTP request never abandons a transaction
-/// half way.
+/// schema the statements name and whose `pooler` says how they are sent). Cancellation: a
+/// dropped claim may leave its transaction half way; a caller whose request can be abandoned
+/// keeps it running to its end (the HTTP API awaits it inline and hands it to its task tracker
+/// only if the request is dropped first: `http::run_to_end`).
 #[tracing::instrument(name = "claim", skip_all, fields(tenant = %req.tenant, principal = %req.principal))]
 pub async fn claim(
     pool: &Pool,
@@ -295,7 +336,8 @@ pub async fn claim(
     let commit_sent = AtomicBool::new(false);
     // Boxed: the protocol's state machine (every attempt's pipelined statements) is several
     // kilobytes, and an unboxed future is copied whole each time it moves (into the deadline,
-    // into the spawned task): the copies cost more than the claim's own work in the daemon.
+    // into the caller's future, into a task if it is abandoned): the copies cost more than the
+    // claim's own work in the daemon.
     let bounded = db::deadline::within(
         settings.deadline(),
         "the claim",
@@ -323,20 +365,6 @@ pub async fn claim(
     result
 }
 
-/// Through a transaction pooler the claim runs the endpoint's functions (migration V6;
-/// [`sql::claim_and_create`] says why): the role of `conn`'s session when it may not execute
-/// them (a daemon running as another role than `migrate`'s, without the grant the migration
-/// gives roles that hold the tables' privileges), `None` when it may.
-pub async fn role_without_claim_functions(conn: &Conn<'_>) -> Result<Option<String>, DbError> {
-    let row = conn
-        .query_one(sql::MAY_EXECUTE_CLAIM_FUNCTIONS, &[])
-        .await
-        .map_err(DbError::Query)?;
-    let role: String = row.try_get(0).map_err(DbError::Query)?;
-    let may: bool = row.try_get(1).map_err(DbError::Query)?;
-    Ok((!may).then_some(role))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,5 +378,25 @@ mod tests {
         assert_eq!(s.lock_timeout_setting(), "1500ms");
         assert_eq!(s.replay_window_micros(), 2_000_000);
         assert_eq!(s.deadline(), Duration::from_secs(8));
+    }
+
+    #[test]
+    fn an_answer_is_counted_with_the_sqlstate_class_behind_it() {
+        let metrics = Metrics::new().unwrap();
+        count(&metrics, Answered::Outcome(&ClaimOutcome::InProgress));
+        count(&metrics, Answered::KeyBusy);
+        count(
+            &metrics,
+            Answered::Outcome(&ClaimOutcome::DuplicateRequestConflict),
+        );
+        count(&metrics, Answered::Outcome(&ClaimOutcome::KeyReused));
+        count(&metrics, Answered::Invalid);
+        let claims = |label: &str| metrics.claims.with_label_values(&[label]).get();
+        assert_eq!(claims("in_progress"), 2);
+        assert_eq!(claims("duplicate_request"), 1);
+        assert_eq!((claims("key_reused"), claims("invalid")), (1, 1));
+        let errors = |class: &str| metrics.db_errors.with_label_values(&[class]).get();
+        // Only the waiter that met 55P03 asked the database; the busy key did not.
+        assert_eq!((errors("55"), errors("23")), (1, 1));
     }
 }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
+use super::record::RecordState;
 use super::{
     sql, ClaimError, ClaimOutcome, ClaimRequest, ClaimSettings, Decision, MAX_CLAIM_ATTEMPTS,
     OPERATION_CREATE_ORDER, ORDER_REQUEST_CONSTRAINT,
@@ -391,8 +392,7 @@ async fn replay_attempt(
     Ok(row.filter(|row| {
         // A record inside its window here was not returned by the locking read only if it was
         // deleted and claimed anew in between (a retention purge): claim again.
-        let open = !row.try_get::<_, bool>("expired").unwrap_or(true)
-            && !row.try_get::<_, bool>("past_deadline").unwrap_or(true);
+        let open = RecordState::read(row).is_ok_and(RecordState::is_replayable);
         let same = row
             .try_get::<_, &[u8]>("fingerprint")
             .is_ok_and(|f| f == req.fingerprint.as_bytes());
@@ -407,12 +407,11 @@ fn without_body(row: &Row, req: &ClaimRequest) -> Result<Option<ClaimOutcome>, C
     let get = |e| ClaimError::Database(DbError::Query(e));
     let fingerprint: &[u8] = row.try_get("fingerprint").map_err(get)?;
     let order_id: Option<Uuid> = row.try_get("order_id").map_err(get)?;
-    let expired: bool = row.try_get("expired").map_err(get)?;
-    let past_deadline: bool = row.try_get("past_deadline").map_err(get)?;
+    let state = RecordState::read(row).map_err(get)?;
     if fingerprint != req.fingerprint.as_bytes() {
         return Ok(Some(ClaimOutcome::KeyReused));
     }
-    if expired || past_deadline {
+    if !state.is_replayable() {
         return Ok(Some(ClaimOutcome::Expired { order_id }));
     }
     Ok(None)

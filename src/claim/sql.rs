@@ -2,6 +2,13 @@
 //! table in docs/api.md lists them. The benchmark's pgbench scripts copy these texts (a test
 //! checks they match), so they change only deliberately. How the statements make up the
 //! protocol's transactions is in [`crate::claim`].
+//!
+//! Whether a record's replay window is open is the schema's rule, `replay_window_open(deadline,
+//! instant)` (`schema/functions/internal/replay_window_open.sql`): every statement here asks it
+//! on the clock the endpoint judges by, `now()` (its transaction's start; the SQL API's
+//! functions pass `clock_timestamp()`, the time of the call). The planner inlines it, so the
+//! statements plan and run as if the comparison were written in them. What the answer means for
+//! a claim is [`super::RecordState`].
 
 use crate::db::Pooler;
 
@@ -59,7 +66,8 @@ macro_rules! existing_cte {
     SELECT scope_id FROM {schema}.idempotency_scopes
     WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3
 ), existing AS (
-    SELECT fingerprint, status_code, order_id, expired, replay_deadline <= now() AS past_deadline
+    SELECT fingerprint, status_code, order_id, expired,
+           NOT {schema}.replay_window_open(replay_deadline, now()) AS past_deadline
     FROM {schema}.idempotency_records
     WHERE scope_id = (SELECT scope_id FROM scope) AND idempotency_key = $4
 "
@@ -74,7 +82,8 @@ macro_rules! replay_cte {
     SELECT status_code AS replay_status, response_body::text AS replay_body
     FROM {schema}.idempotency_records
     WHERE scope_id = (SELECT scope_id FROM scope) AND idempotency_key = $4
-      AND fingerprint = $5::bytea AND NOT expired AND replay_deadline > now()
+      AND fingerprint = $5::bytea
+      AND NOT expired AND {schema}.replay_window_open(replay_deadline, now())
     FOR SHARE
 "
     };
@@ -224,15 +233,6 @@ fn through_pooler(pooler: Pooler, statement: &'static str, call: &'static str) -
     }
 }
 
-/// This session's role, and whether it may execute both functions of [`CALL_CLAIM_AND_CREATE`]
-/// and [`CALL_CLAIM_REJECTED`]: `serve` checks it at start-up through a transaction pooler.
-pub const MAY_EXECUTE_CLAIM_FUNCTIONS: &str = "\
-SELECT current_user::text,
-       has_function_privilege('{schema}.endpoint_claim_order(text, text, text, text, bytea, uuid, \
-text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, text)', 'EXECUTE')
-       AND has_function_privilege('{schema}.endpoint_claim_rejected(text, text, text, text, \
-bytea, smallint, jsonb, bigint, text)', 'EXECUTE')";
-
 /// The columns both claim statements return, in order.
 pub const CLAIM_RESULT_COLUMNS: [&str; 7] = [
     "created",
@@ -284,8 +284,8 @@ pub const EXISTING: &str = concat!(existing_cte!(), ")");
 ///   time at or before this transaction's `now()`), and it blocks the cleaner's tombstoning
 ///   UPDATE until this transaction ends — the body returned is the one the replay sends. When
 ///   the row changed after the snapshot (tombstoned, or its window closed), READ COMMITTED locks
-///   the newest version and re-checks the conditions on it: `NOT expired AND replay_deadline >
-///   now()` then fail and nothing is locked or returned; the caller falls back to the replay
+///   the newest version and re-checks the conditions on it: `NOT expired` and the open window
+///   then fail and nothing is locked or returned; the caller falls back to the replay
 ///   transaction, which answers from the row as it now is. Waiting for a conflicting lock is
 ///   bounded by the transaction's `lock_timeout` (55P03: "in progress"), as in the replay
 ///   transaction.
@@ -314,12 +314,13 @@ SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'o
 pub const READ_FOR_REPLAY: &str = concat!(
     "\
 SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
-       replay_deadline <= now() AS past_deadline
+       NOT {schema}.replay_window_open(replay_deadline, now()) AS past_deadline
 FROM {schema}.idempotency_records
 WHERE scope_id = ",
     scope_id_sql!(),
     "
-  AND idempotency_key = $4 AND NOT expired AND replay_deadline > now()
+  AND idempotency_key = $4
+  AND NOT expired AND {schema}.replay_window_open(replay_deadline, now())
 FOR SHARE"
 );
 
@@ -332,7 +333,7 @@ FOR SHARE"
 pub const READ_EXPIRED: &str = concat!(
     "\
 SELECT fingerprint, status_code, NULL::text AS body, order_id, expired,
-       replay_deadline <= now() AS past_deadline
+       NOT {schema}.replay_window_open(replay_deadline, now()) AS past_deadline
 FROM {schema}.idempotency_records
 WHERE scope_id = ",
     scope_id_sql!(),
@@ -348,7 +349,7 @@ WHERE scope_id = ",
 pub const READ_RECORD_READ_ONLY: &str = concat!(
     "\
 SELECT fingerprint, status_code, response_body::text AS body, order_id, expired,
-       replay_deadline <= now() AS past_deadline
+       NOT {schema}.replay_window_open(replay_deadline, now()) AS past_deadline
 FROM {schema}.idempotency_records
 WHERE scope_id = ",
     scope_id_sql!(),

@@ -13,6 +13,31 @@ use crate::config::{CleanupConfig, DatabaseConfig, OnLocked, RetentionConfig};
 use crate::db::{self, Conn};
 use crate::outbox::{inspect, OutboxCounts};
 
+/// The records due now: what a run started now would tombstone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    /// The database clock (the transaction's start): a run's cutoff, were it starting now.
+    pub at: DateTime<Utc>,
+    /// Live records whose replay deadline is at or before it (exact, through the due index).
+    pub rows: u64,
+    /// The earliest replay deadline among them.
+    pub oldest_deadline: Option<DateTime<Utc>>,
+}
+
+impl Due {
+    /// Reads the records due at the database clock of `client`'s transaction (`now()`), as the
+    /// dry run and `tombstoned status` show them.
+    pub async fn read(client: &Conn<'_>) -> Result<Due, tokio_postgres::Error> {
+        let at: DateTime<Utc> = client.query_one(sql::CUTOFF, &[]).await?.try_get(0)?;
+        let due = client.query_one(sql::DUE_AT, &[&at]).await?;
+        Ok(Due {
+            at,
+            rows: count(due.try_get(0)?),
+            oldest_deadline: due.try_get(1)?,
+        })
+    }
+}
+
 /// Rows due for one tenant or operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DueCount {
@@ -179,11 +204,11 @@ async fn read(
     client
         .query_one(sql::BATCH_SETTINGS, &[&lock_timeout, &timeout])
         .await?;
-    let cutoff: DateTime<Utc> = client.query_one(sql::CUTOFF, &[]).await?.try_get(0)?;
-
-    let due = client.query_one(sql::DRY_RUN_DUE, &[&cutoff]).await?;
-    let rows_due = count(due.try_get(0)?);
-    let oldest_due_deadline: Option<DateTime<Utc>> = due.try_get(1)?;
+    let Due {
+        at: cutoff,
+        rows: rows_due,
+        oldest_deadline: oldest_due_deadline,
+    } = Due::read(client).await?;
     let worker_slices = if cleanup.workers > 1 {
         let mut slices = Vec::new();
         for range in super::workers::split_due_in(client, cleanup.workers, cutoff).await? {

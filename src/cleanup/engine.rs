@@ -7,37 +7,28 @@
 //! Before each batch the engine waits as `cleanup.max_rows_per_second` and
 //! `cleanup.max_replica_lag` ask ([`super::throttle`]), outside any transaction, renewing the
 //! lease when a wait outlasts a third of it. With `cleanup.workers > 1` each worker runs an engine
-//! of its own over its slice ([`super::workers`]), in a [`Team`] that shares the run's stop
-//! reason, batch count and rate cap, its batches guarded by a [`LeaseCheck`].
+//! of its own over its slice ([`super::workers`]), its batches guarded by a [`LeaseCheck`]. Every
+//! engine of a run works in the run's [`RunContext`]: it adds what it does to the run's figures
+//! and keeps to the run's [`super::context::Pace`] (the first stop stops all; `--max-batches` and
+//! the rate cap count every engine's batches and rows).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use tokio_postgres::types::Type;
-use tokio_util::sync::CancellationToken;
 
-use super::history::ProgressCell;
+use super::context::RunContext;
+use super::figures::RunFigures;
 use super::keyset::{BatchRows, Key, KeyRange, Pass, Revisit, Step};
 use super::lease::Lease;
-use super::report::{RunOutcome, RunReport, StopReason};
+use super::report::StopReason;
 use super::sizing::BatchSizer;
 use super::throttle::{self, ReplicaLag, ThrottleReason, LAG_POLL_INTERVAL};
 use super::{sql, CleanupError};
-use crate::config::{CleanupConfig, OnLocked};
+use crate::config::OnLocked;
 use crate::db::pipeline::{self, Guard, Pipelined};
 use crate::db::statement::Ready;
 use crate::db::{self, Conn, DbError, ErrorClass, Param};
-use crate::metrics::Metrics;
-
-/// Limits a caller puts on one run, on top of the configuration's `cleanup.max_run_time`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RunLimits {
-    /// Stop after this many committed batches (`tombstoned cleanup --max-batches`).
-    pub max_batches: Option<u64>,
-}
 
 /// Attempts per batch when it fails with a deadlock (40P01) or serialization failure (40001).
 /// Neither should happen (every locker goes in primary-key order); a few retries cover a foreign
@@ -78,6 +69,27 @@ impl Phase {
             Phase::OutboxRetention => "running an outbox retention batch",
         }
     }
+
+    /// What one committed batch of this phase adds to the run's figures.
+    fn committed(self, rows: &BatchRows) -> RunFigures {
+        let batches = u64::from(rows.picked > 0);
+        let mut figures = RunFigures::default();
+        match self {
+            Phase::Tombstone => {
+                figures.rows_tombstoned = rows.changed;
+                figures.tombstone_batches = batches;
+            }
+            Phase::Purge => {
+                figures.tombstones_purged = rows.changed;
+                figures.purge_batches = batches;
+            }
+            Phase::OutboxRetention => {
+                figures.outbox_events_deleted = rows.changed;
+                figures.outbox_batches = batches;
+            }
+        }
+        figures
+    }
 }
 
 /// Main pass over the whole range, or the final pass over ranges the main pass left behind.
@@ -87,14 +99,11 @@ enum PassKind {
     Final,
 }
 
+/// Where a phase ended (its figures are the run's, [`RunContext::figures`]).
 #[derive(Debug, Default)]
 pub(super) struct PhaseResult {
     /// `Some` when a limit or shutdown stopped the phase.
     pub(super) stopped: Option<StopReason>,
-    pub(super) changed: u64,
-    pub(super) batches: u64,
-    pub(super) lock_timeouts: u64,
-    pub(super) rows_skipped: u64,
     /// Ranges that may still hold rows at the end.
     pub(super) left: Revisit,
 }
@@ -111,60 +120,6 @@ enum BatchResult {
 pub(super) struct Renewal<'a> {
     pub(super) lease: &'a Lease,
     pub(super) statement: Ready,
-}
-
-/// What the workers of one run (`cleanup.workers > 1`, [`super::workers`]) share, so that the
-/// run's limits hold for the run as a whole: the first reason that stops any worker stops all,
-/// `--max-batches` and the rate cap count every worker's batches and rows, and the rate cap's
-/// clock starts with the run's first batch.
-#[derive(Debug)]
-pub(super) struct Team {
-    workers: u32,
-    stopped: Mutex<Option<StopReason>>,
-    committed_batches: AtomicU64,
-    rows_changed: AtomicU64,
-    pace_started: OnceLock<Instant>,
-}
-
-impl Team {
-    pub(super) fn new(workers: u32) -> Team {
-        Team {
-            workers: workers.max(1),
-            stopped: Mutex::new(None),
-            committed_batches: AtomicU64::new(0),
-            rows_changed: AtomicU64::new(0),
-            pace_started: OnceLock::new(),
-        }
-    }
-
-    /// Records `reason` unless another worker stopped first; returns the reason that stops the
-    /// team (the first one).
-    pub(super) fn stop(&self, reason: StopReason) -> StopReason {
-        *self
-            .stopped
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get_or_insert(reason)
-    }
-
-    fn stopped(&self) -> Option<StopReason> {
-        *self
-            .stopped
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(super) fn committed_batches(&self) -> u64 {
-        self.committed_batches.load(Ordering::Relaxed)
-    }
-
-    pub(super) fn rows_changed(&self) -> u64 {
-        self.rows_changed.load(Ordering::Relaxed)
-    }
-
-    pub(super) fn pace_started(&self) -> Option<Instant> {
-        self.pace_started.get().copied()
-    }
 }
 
 /// A worker's lease check ([`super::sql::LEASE_HELD`], prepared on its session): the guard of
@@ -185,63 +140,38 @@ static BATCH_TYPES: [Type; 4] = [
     Type::INT8,
 ];
 
-/// One run's batch engine: the session, the prepared transaction frame, the run's limits and its
-/// running figures.
+/// One batch engine of a run: its session, the prepared transaction frame, the run it works for.
 pub(super) struct Engine<'a> {
     conn: Conn<'a>,
     begin: Ready,
     batch_settings: Ready,
     commit: Ready,
-    cleanup: &'a CleanupConfig,
-    limits: RunLimits,
-    shutdown: &'a CancellationToken,
-    meter: Meter<'a>,
-    started: Instant,
+    run: &'a RunContext<'a>,
     lock_timeout: String,
     statement_timeout: String,
-    committed_batches: u64,
     /// The next batch's size (`cleanup.batch_size`, or following `cleanup.batch_time`).
     sizer: BatchSizer,
     renewal: Option<Renewal<'a>>,
-    /// What committed so far, readable by the caller after a failure.
-    progress: &'a ProgressCell,
-    /// Every batch transaction's duration, committed or not.
-    pub(super) batch_durations: Vec<Duration>,
-    /// Batches retried after a deadlock or serialization failure.
-    pub(super) retries: u64,
-    /// When the first batch began: `cleanup.max_rows_per_second` is kept from then on.
-    pace_started: Option<Instant>,
-    /// Rows the run's committed batches changed (every phase), which the rate cap paces.
-    rows_changed: u64,
     /// When the lease was last taken or renewed (by a committed batch, or during a wait).
     last_renewal: Instant,
-    /// Time spent waiting for the standbys ([`ThrottleReason::ReplicaLag`]).
-    pub(super) throttled_replica_lag: Duration,
-    /// Time spent waiting for the rate cap ([`ThrottleReason::Rate`]).
-    pub(super) throttled_rate: Duration,
-    /// What the run was waiting for when it was stopped, if it was stopped during a wait.
-    pub(super) stopped_while_waiting_for: Option<ThrottleReason>,
-    /// The run's other workers, when it has several.
-    team: Option<&'a Team>,
+    /// How many engines of the run wait side by side (its workers, or 1): each counts its share
+    /// of a wait, so the run's figures and metric add up to the run's waiting time.
+    side_by_side: u32,
     /// A worker's lease check, when its run holds the lease.
     lease_check: Option<LeaseCheck<'a>>,
 }
 
 impl<'a> Engine<'a> {
-    /// An engine on `conn`, with BEGIN, the batch settings and COMMIT prepared once (named
-    /// statements; through a transaction pooler unnamed ones, sent whole each batch): every batch
-    /// is then one pipelined round trip.
-    #[allow(clippy::too_many_arguments)]
+    /// An engine of `run` on `conn`, with BEGIN, the batch settings and COMMIT prepared once
+    /// (named statements; through a transaction pooler unnamed ones, sent whole each batch):
+    /// every batch is then one pipelined round trip. With `renewal`, each batch renews the run's
+    /// lease first, in its transaction.
     pub(super) async fn new(
         conn: Conn<'a>,
-        cleanup: &'a CleanupConfig,
-        limits: RunLimits,
-        shutdown: &'a CancellationToken,
-        meter: Meter<'a>,
-        started: Instant,
+        run: &'a RunContext<'a>,
         renewal: Option<Renewal<'a>>,
-        progress: &'a ProgressCell,
     ) -> Result<Engine<'a>, CleanupError> {
+        let cleanup = run.cleanup;
         // Prepared side by side: one round trip, not three.
         let (begin, batch_settings, commit) = super::bounded(
             cleanup.statement_timeout,
@@ -260,70 +190,32 @@ impl<'a> Engine<'a> {
             begin,
             batch_settings,
             commit,
-            cleanup,
-            limits,
-            shutdown,
-            meter,
-            started,
+            run,
             lock_timeout: db::sql::duration_setting(cleanup.lock_timeout),
             statement_timeout: db::sql::duration_setting(cleanup.statement_timeout),
-            committed_batches: 0,
             sizer: BatchSizer::new(cleanup.batch_size, cleanup.batch_time),
             renewal,
-            progress,
-            batch_durations: Vec::new(),
-            retries: 0,
-            pace_started: None,
-            rows_changed: 0,
             last_renewal: Instant::now(),
-            throttled_replica_lag: Duration::ZERO,
-            throttled_rate: Duration::ZERO,
-            stopped_while_waiting_for: None,
-            team: None,
+            side_by_side: 1,
             lease_check: None,
         })
     }
 
-    /// This engine as one of a run's workers: limits, rate cap and stop shared with `team`,
-    /// each batch guarded by `lease_check` (the run renews the lease elsewhere).
-    pub(super) fn in_team(mut self, team: &'a Team, lease_check: Option<LeaseCheck<'a>>) -> Self {
-        self.team = Some(team);
+    /// This engine as one of `workers` working side by side, each batch guarded by
+    /// `lease_check` (the run renews the lease elsewhere).
+    pub(super) fn working_beside(
+        mut self,
+        workers: u32,
+        lease_check: Option<LeaseCheck<'a>>,
+    ) -> Self {
+        self.side_by_side = workers.max(1);
         self.lease_check = lease_check;
         self
     }
 
-    /// Continues a run whose tombstoning phase its workers did: their batches and rows count
-    /// toward `--max-batches`, `max_run_time`'s first batch and the rate cap from here on.
-    pub(super) fn carry_over(&mut self, team: &Team) {
-        self.committed_batches += team.committed_batches();
-        self.rows_changed += team.rows_changed();
-        if let Some(started) = team.pace_started() {
-            self.pace_started = Some(self.pace_started.map_or(started, |p| p.min(started)));
-        }
-    }
-
-    /// Batches committed by this run so far (every worker's, in a team).
-    fn committed(&self) -> u64 {
-        self.team
-            .map_or(self.committed_batches, Team::committed_batches)
-    }
-
-    /// Rows changed by this run so far (every worker's, in a team), for the rate cap.
-    fn rows_so_far(&self) -> u64 {
-        self.team.map_or(self.rows_changed, Team::rows_changed)
-    }
-
-    /// When the run's first batch began (the team's first, in a team), for the rate cap.
-    fn pace_start(&self) -> Option<Instant> {
-        match self.team {
-            Some(team) => team.pace_started(),
-            None => self.pace_started,
-        }
-    }
-
-    /// Ends this worker for `reason`, or for the reason another worker stopped first.
+    /// Ends this engine for `reason`, or for the reason another engine of the run stopped first.
     fn stop_reason(&self, reason: StopReason) -> StopReason {
-        self.team.map_or(reason, |team| team.stop(reason))
+        self.run.pace.stop(reason)
     }
 
     /// Walks the phase's index from the beginning up to `bound` (inclusive), batch by batch.
@@ -358,7 +250,7 @@ impl<'a> Engine<'a> {
         let (wait_sql, skip_sql) = phase.statements();
         // Both prepared side by side: one round trip.
         let (wait, skip) = super::bounded(
-            self.cleanup.statement_timeout,
+            self.run.cleanup.statement_timeout,
             "preparing the batch statement",
             async {
                 futures::try_join!(
@@ -368,7 +260,7 @@ impl<'a> Engine<'a> {
             },
         )
         .await?;
-        let waits = self.cleanup.on_locked == OnLocked::Wait;
+        let waits = self.run.cleanup.on_locked == OnLocked::Wait;
         self.sizer.restart();
 
         let mut result = PhaseResult::default();
@@ -389,16 +281,11 @@ impl<'a> Engine<'a> {
                     stop_phase(&mut result, reason, &pass, &mut work, &mut deferred);
                     return Ok(result);
                 }
-                let now = Instant::now();
-                self.pace_started.get_or_insert(now);
-                if let Some(team) = self.team {
-                    team.pace_started.get_or_init(|| now);
-                }
+                self.run.pace.batch_begins();
                 let statement = if waits { &wait } else { &skip };
                 let first = self.batch(phase, statement, bound, &pass).await?;
                 let outcome = match first {
                     BatchResult::LockTimeout => {
-                        result.lock_timeouts += 1;
                         // Isolate the held rows: the same batch without waiting for them.
                         self.batch(phase, &skip, bound, &pass).await?
                     }
@@ -415,18 +302,16 @@ impl<'a> Engine<'a> {
                     // came through as it was): only a table-level lock can do that (DDL in
                     // progress), so leave the rest of this pass for later.
                     BatchResult::LockTimeout => {
-                        result.lock_timeouts += 1;
                         result.left.add(pass.remaining());
                         break;
                     }
                 };
-                result.changed += rows.changed;
-                if rows.picked > 0 {
-                    // The last, empty batch of a pass is a transaction but no work.
-                    result.batches += 1;
-                }
-                if !retry_later {
-                    result.rows_skipped += rows.passed_over;
+                // Due rows passed over for good (the purge and outbox phases' are not due rows).
+                if phase == Phase::Tombstone && !retry_later && rows.passed_over > 0 {
+                    self.run.figures.add(RunFigures {
+                        rows_skipped: rows.passed_over,
+                        ..RunFigures::default()
+                    });
                 }
                 let advance = pass.advance(rows);
                 if let Some(range) = advance.revisit {
@@ -448,32 +333,17 @@ impl<'a> Engine<'a> {
         Ok(result)
     }
 
-    fn record_progress(&self, phase: Phase, rows: &BatchRows) {
-        self.progress.update(|p| {
-            match phase {
-                Phase::Tombstone => p.rows_tombstoned += rows.changed,
-                Phase::Purge => p.tombstones_purged += rows.changed,
-                Phase::OutboxRetention => p.outbox_events_deleted += rows.changed,
-            }
-            if rows.picked > 0 {
-                p.batches += 1;
-            }
-        });
-    }
-
     fn limit_reached(&self) -> Option<StopReason> {
-        if let Some(reason) = self.team.and_then(Team::stopped) {
-            // Another worker stopped: the run stops, for the same reason.
+        let run = self.run;
+        let committed = run.pace.committed_batches();
+        if let Some(reason) = run.pace.stopped() {
+            // Another engine stopped: the run stops, for the same reason.
             Some(reason)
-        } else if self.shutdown.is_cancelled() {
+        } else if run.shutdown.is_cancelled() {
             Some(StopReason::Shutdown)
-        } else if self
-            .limits
-            .max_batches
-            .is_some_and(|max| self.committed() >= max)
-        {
+        } else if run.limits.max_batches.is_some_and(|max| committed >= max) {
             Some(StopReason::MaxBatches)
-        } else if self.committed() > 0 && self.started.elapsed() >= self.cleanup.max_run_time {
+        } else if committed > 0 && run.started.elapsed() >= run.cleanup.max_run_time {
             // Checked once a batch has run, so even a run that connected slowly makes progress.
             Some(StopReason::MaxRunTime)
         } else {
@@ -486,10 +356,11 @@ impl<'a> Engine<'a> {
     /// the batch: shutdown, `cleanup.max_run_time` (during a replica-lag wait:
     /// [`StopReason::ReplicaLag`]), or the lease found lost.
     async fn throttle(&mut self) -> Result<Option<StopReason>, CleanupError> {
+        let run = self.run;
         if let (Some(per_second), Some(since)) =
-            (self.cleanup.max_rows_per_second, self.pace_start())
+            (run.cleanup.max_rows_per_second, run.pace.first_batch())
         {
-            let wait = throttle::rate_wait(self.rows_so_far(), per_second, since.elapsed());
+            let wait = throttle::rate_wait(run.pace.rows_changed(), per_second, since.elapsed());
             if !wait.is_zero() {
                 let stop = self
                     .wait(ThrottleReason::Rate, wait, StopReason::MaxRunTime)
@@ -499,13 +370,13 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        let Some(limit) = self.cleanup.max_replica_lag else {
+        let Some(limit) = run.cleanup.max_replica_lag else {
             return Ok(None);
         };
         let mut waiting_since: Option<Instant> = None;
         loop {
             let lag = self.read_replica_lag().await?;
-            self.meter.replica_lag(&lag);
+            run.meter.replica_lag(&lag);
             if !lag.visible {
                 return Err(CleanupError::ReplicaLagHidden { role: lag.role });
             }
@@ -548,7 +419,7 @@ impl<'a> Engine<'a> {
     /// of its own, bounded by `statement_timeout`.
     async fn read_replica_lag(&self) -> Result<ReplicaLag, CleanupError> {
         const STEP: &str = "reading the standbys' replay lag";
-        let rows = super::bounded(self.cleanup.statement_timeout, STEP, async {
+        let rows = super::bounded(self.run.cleanup.statement_timeout, STEP, async {
             pipeline::query(
                 &self.conn,
                 db::sql::SET_LOCAL_STATEMENT_TIMEOUT,
@@ -573,44 +444,42 @@ impl<'a> Engine<'a> {
         wait: Duration,
         at_deadline: StopReason,
     ) -> Result<Option<StopReason>, CleanupError> {
-        let deadline = self.started + self.cleanup.max_run_time;
+        let run = self.run;
+        let deadline = run.started + run.cleanup.max_run_time;
         let until = Instant::now() + wait;
         loop {
             let now = Instant::now();
-            if self.shutdown.is_cancelled() {
-                self.stopped_while_waiting_for = Some(reason);
-                return Ok(Some(StopReason::Shutdown));
-            }
-            if now >= until {
+            let stop = if run.shutdown.is_cancelled() {
+                Some(StopReason::Shutdown)
+            } else if now >= until {
                 return Ok(None);
-            }
-            if let Some(stopped) = self.team.and_then(Team::stopped) {
-                // Another worker stopped the run while this one waited.
-                self.stopped_while_waiting_for = Some(reason);
-                return Ok(Some(stopped));
-            }
-            if now >= deadline {
-                self.stopped_while_waiting_for = Some(reason);
-                return Ok(Some(at_deadline));
-            }
-            if let Some(stop) = self.renew_if_due().await? {
-                self.stopped_while_waiting_for = Some(reason);
+            } else if let Some(stopped) = run.pace.stopped() {
+                // Another engine stopped the run while this one waited.
+                Some(stopped)
+            } else if now >= deadline {
+                Some(at_deadline)
+            } else {
+                self.renew_if_due().await?
+            };
+            if let Some(stop) = stop {
+                run.pace.stopped_while_waiting_for(reason);
                 return Ok(Some(stop));
             }
             let slice_end = until.min(deadline).min(now + MAX_WAIT_SLICE);
             tokio::select! {
                 _ = tokio::time::sleep_until(slice_end.into()) => {}
-                _ = self.shutdown.cancelled() => {}
+                _ = run.shutdown.cancelled() => {}
             }
-            let slept = now.elapsed();
-            // The workers of a run wait side by side for the same reason: the metric counts the
-            // run's waiting time, each worker its share of it.
-            let workers = self.team.map_or(1, |team| team.workers);
-            self.meter.throttled(reason, slept / workers);
+            // The workers of a run wait side by side for the same reason: each counts its share,
+            // so the figures and the metric add up to the run's waiting time.
+            let share = now.elapsed() / self.side_by_side;
+            run.meter.throttled(reason, share);
+            let mut waited = RunFigures::default();
             match reason {
-                ThrottleReason::ReplicaLag => self.throttled_replica_lag += slept,
-                ThrottleReason::Rate => self.throttled_rate += slept,
+                ThrottleReason::ReplicaLag => waited.throttled_replica_lag = share,
+                ThrottleReason::Rate => waited.throttled_rate = share,
             }
+            run.figures.add(waited);
         }
     }
 
@@ -623,7 +492,7 @@ impl<'a> Engine<'a> {
         if self.last_renewal.elapsed() < renewal.lease.ttl() / 3 {
             return Ok(None);
         }
-        match renewal.lease.renew(&self.conn, self.cleanup).await {
+        match renewal.lease.renew(&self.conn, self.run.cleanup).await {
             Ok(()) => {
                 self.last_renewal = Instant::now();
                 Ok(None)
@@ -640,11 +509,11 @@ impl<'a> Engine<'a> {
 
     /// `cleanup.pause_between_batches`, outside any transaction; cut short by shutdown.
     async fn pause(&self) {
-        let pause = self.cleanup.pause_between_batches;
+        let pause = self.run.cleanup.pause_between_batches;
         if !pause.is_zero() {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = self.shutdown.cancelled() => {}
+                _ = self.run.shutdown.cancelled() => {}
             }
         }
     }
@@ -657,6 +526,7 @@ impl<'a> Engine<'a> {
         bound: Key,
         pass: &Pass,
     ) -> Result<BatchResult, CleanupError> {
+        let (run, meter) = (self.run, self.run.meter);
         let mut attempt = 0;
         let size = self.sizer.next();
         loop {
@@ -664,26 +534,25 @@ impl<'a> Engine<'a> {
             let began = Instant::now();
             let result = self.transaction(statement, bound, pass, size).await;
             let took = began.elapsed();
-            self.batch_durations.push(took);
+            let mut figures = RunFigures {
+                batch_durations: vec![took],
+                ..RunFigures::default()
+            };
             match result {
                 Ok(rows) => {
                     self.sizer.committed(size, rows.picked, took);
-                    self.committed_batches += 1;
-                    self.rows_changed += rows.changed;
-                    if let Some(team) = self.team {
-                        team.committed_batches.fetch_add(1, Ordering::Relaxed);
-                        team.rows_changed.fetch_add(rows.changed, Ordering::Relaxed);
-                    }
+                    run.pace.committed(rows.changed);
                     if self.renewal.is_some() {
                         // The batch renewed the lease before its statement, in its transaction.
                         self.last_renewal = began;
                     }
-                    self.record_progress(phase, &rows);
-                    self.meter.batch("committed", took);
+                    figures += phase.committed(&rows);
+                    run.figures.add(figures);
+                    meter.batch("committed", took);
                     match phase {
-                        Phase::Tombstone => self.meter.tombstoned(rows.changed),
-                        Phase::Purge => self.meter.purged(rows.changed),
-                        Phase::OutboxRetention => self.meter.outbox_deleted(rows.changed),
+                        Phase::Tombstone => meter.tombstoned(rows.changed),
+                        Phase::Purge => meter.purged(rows.changed),
+                        Phase::OutboxRetention => meter.outbox_deleted(rows.changed),
                     }
                     tracing::debug!(
                         ?phase,
@@ -698,10 +567,11 @@ impl<'a> Engine<'a> {
                 }
                 Err(e) => match e.class() {
                     ErrorClass::LockNotAvailable => {
-                        self.meter.db_error(e.sqlstate_class());
-                        self.meter.batch("lock_timeout", took);
-                        self.meter.lock_timeout();
-                        self.progress.update(|p| p.lock_timeouts += 1);
+                        figures.lock_timeouts = 1;
+                        run.figures.add(figures);
+                        meter.db_error(e.sqlstate_class());
+                        meter.batch("lock_timeout", took);
+                        meter.lock_timeout();
                         tracing::info!(
                             ?phase,
                             lock_timeout = %self.lock_timeout,
@@ -710,7 +580,8 @@ impl<'a> Engine<'a> {
                         return Ok(BatchResult::LockTimeout);
                     }
                     ErrorClass::LeaseLost => {
-                        self.meter.batch("failed", took);
+                        run.figures.add(figures);
+                        meter.batch("failed", took);
                         tracing::warn!(
                             ?phase,
                             "batch rolled back: another run holds the cleanup lease now (this \
@@ -721,14 +592,16 @@ impl<'a> Engine<'a> {
                     ErrorClass::Deadlock | ErrorClass::SerializationFailure
                         if attempt < MAX_BATCH_ATTEMPTS =>
                     {
-                        self.meter.db_error(e.sqlstate_class());
-                        self.meter.batch("retried", took);
-                        self.retries += 1;
+                        figures.retries = 1;
+                        run.figures.add(figures);
+                        meter.db_error(e.sqlstate_class());
+                        meter.batch("retried", took);
                         tracing::warn!(?phase, attempt, error = %db::error_text(&e), "batch rolled back, retrying");
                         tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
                     }
                     ErrorClass::Deadlock | ErrorClass::SerializationFailure => {
-                        self.meter.batch("failed", took);
+                        run.figures.add(figures);
+                        meter.batch("failed", took);
                         return Err(CleanupError::RetriesExhausted {
                             attempts: attempt,
                             source: e,
@@ -736,7 +609,8 @@ impl<'a> Engine<'a> {
                     }
                     // Fatal errors are counted once, by `run_failed`.
                     _ => {
-                        self.meter.batch("failed", took);
+                        run.figures.add(figures);
+                        meter.batch("failed", took);
                         return Err(CleanupError::Database {
                             step: phase.step(),
                             source: e,
@@ -773,7 +647,7 @@ impl<'a> Engine<'a> {
         // waits a little beyond that, then gives up on a silent database: the run fails and its
         // session is dropped (the server rolls the batch back if it ever hears of it).
         let row = db::deadline::within(
-            db::deadline::beyond(self.cleanup.statement_timeout),
+            db::deadline::beyond(self.run.cleanup.statement_timeout),
             "a cleanup batch",
             async {
                 if let Some(check) = &self.lease_check {
@@ -832,108 +706,4 @@ fn stop_phase(
         result.left.add(range);
     }
     result.stopped = Some(reason);
-}
-
-/// Feeds the metrics when the caller passed them.
-#[derive(Clone, Copy)]
-pub(super) struct Meter<'a>(pub(super) Option<&'a Metrics>);
-
-impl Meter<'_> {
-    fn batch(&self, outcome: &str, took: Duration) {
-        if let Some(m) = self.0 {
-            m.cleanup_batches.with_label_values(&[outcome]).inc();
-            m.cleanup_batch_duration.observe(took.as_secs_f64());
-        }
-    }
-
-    fn tombstoned(&self, rows: u64) {
-        if let Some(m) = self.0 {
-            m.cleanup_rows_tombstoned.inc_by(rows);
-        }
-    }
-
-    fn purged(&self, rows: u64) {
-        if let Some(m) = self.0 {
-            m.tombstones_purged.inc_by(rows);
-        }
-    }
-
-    fn outbox_deleted(&self, rows: u64) {
-        if let Some(m) = self.0 {
-            m.outbox_events_deleted.inc_by(rows);
-        }
-    }
-
-    fn throttled(&self, reason: ThrottleReason, waited: Duration) {
-        if let Some(m) = self.0 {
-            m.cleanup_throttled_seconds
-                .with_label_values(&[reason.label()])
-                .inc_by(waited.as_secs_f64());
-        }
-    }
-
-    fn replica_lag(&self, lag: &ReplicaLag) {
-        if let Some(m) = self.0 {
-            m.set_replica_lags(lag.standbys.iter().filter_map(|s| {
-                s.lag_bytes
-                    .map(|bytes| (s.application_name.as_str(), bytes))
-            }));
-        }
-    }
-
-    fn lock_timeout(&self) {
-        if let Some(m) = self.0 {
-            m.cleanup_lock_timeouts.inc();
-        }
-    }
-
-    fn db_error(&self, sqlstate_class: &str) {
-        if let Some(m) = self.0 {
-            m.db_error(sqlstate_class);
-        }
-    }
-
-    pub(super) fn run_finished(&self, report: &RunReport) {
-        if let Some(m) = self.0 {
-            m.cleanup_runs
-                .with_label_values(&[report.outcome.label()])
-                .inc();
-            m.cleanup_run_duration
-                .observe(report.duration.as_secs_f64());
-            m.cleanup_backlog_rows
-                .set(i64::try_from(report.backlog_rows).unwrap_or(i64::MAX));
-            m.cleanup_oldest_due_age_seconds
-                .set(report.oldest_due_age.map_or(0.0, |d| d.as_secs_f64()));
-            // A partial run made progress without error: it counts as a success here; the
-            // backlog gauges show what it left.
-            m.cleanup_last_success_timestamp_seconds
-                .set(Utc::now().timestamp_millis() as f64 / 1000.0);
-        }
-    }
-
-    pub(super) fn skipped_for_lease(&self) {
-        if let Some(m) = self.0 {
-            m.cleanup_runs
-                .with_label_values(&[RunOutcome::SkippedLease.label()])
-                .inc();
-        }
-    }
-
-    pub(super) fn lease_held(&self, held: bool) {
-        if let Some(m) = self.0 {
-            m.cleanup_lease_held.set(i64::from(held));
-        }
-    }
-
-    pub(super) fn run_failed(&self, error: &CleanupError, took: Duration) {
-        if let Some(m) = self.0 {
-            m.cleanup_runs
-                .with_label_values(&[RunOutcome::Failed.label()])
-                .inc();
-            m.cleanup_run_duration.observe(took.as_secs_f64());
-            if let Some(class) = error.sqlstate_class() {
-                m.db_error(class);
-            }
-        }
-    }
 }

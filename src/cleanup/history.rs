@@ -6,42 +6,12 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio_postgres::Row;
 
+use super::figures::RunFigures;
 use super::lease::{short_transaction, Lease, LEASE_NAME};
 use super::report::{RunOutcome, RunReport};
 use super::{sql, CleanupError};
 use crate::config::CleanupConfig;
 use crate::db::{Conn, DbError};
-
-/// What the run did before it failed: the batches that committed, counted as they committed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Progress {
-    pub(super) rows_tombstoned: u64,
-    pub(super) tombstones_purged: u64,
-    pub(super) outbox_events_deleted: u64,
-    pub(super) lock_timeouts: u64,
-    pub(super) batches: u64,
-}
-
-/// [`Progress`] shared between a run's engine and the code that records a failed run (the run
-/// future must be `Send`, hence a mutex rather than a `Cell`; it is never contended).
-#[derive(Debug, Default)]
-pub(super) struct ProgressCell(std::sync::Mutex<Progress>);
-
-impl ProgressCell {
-    pub(super) fn get(&self) -> Progress {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(super) fn update(&self, f: impl FnOnce(&mut Progress)) {
-        f(&mut self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()));
-    }
-}
 
 /// One run as the history stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,17 +45,17 @@ impl RunRecord {
         }
     }
 
-    /// A run that failed after `progress`, with `error`'s one-line text (never a DETAIL).
-    pub(super) fn failed(error: &CleanupError, progress: Progress) -> Self {
+    /// A run that failed after doing `figures`, with `error`'s one-line text (never a DETAIL).
+    pub(super) fn failed(error: &CleanupError, figures: &RunFigures) -> Self {
         RunRecord {
             outcome: RunOutcome::Failed,
             stopped_by: None,
-            rows_tombstoned: progress.rows_tombstoned,
-            tombstones_purged: progress.tombstones_purged,
-            outbox_events_deleted: progress.outbox_events_deleted,
-            lock_timeouts: progress.lock_timeouts,
-            rows_skipped: 0,
-            batches: progress.batches,
+            rows_tombstoned: figures.rows_tombstoned,
+            tombstones_purged: figures.tombstones_purged,
+            outbox_events_deleted: figures.outbox_events_deleted,
+            lock_timeouts: figures.lock_timeouts,
+            rows_skipped: figures.rows_skipped,
+            batches: figures.batches(),
             backlog_rows: None,
             error: Some(error.summary()),
         }
@@ -220,12 +190,13 @@ mod tests {
     #[test]
     fn a_failed_run_keeps_what_committed_and_its_one_line_error() {
         let error = CleanupError::Connect(DbError::Pool(deadpool_postgres::PoolError::Closed));
-        let progress = Progress {
+        let figures = RunFigures {
             rows_tombstoned: 30,
-            batches: 3,
-            ..Progress::default()
+            tombstone_batches: 2,
+            purge_batches: 1,
+            ..RunFigures::default()
         };
-        let record = RunRecord::failed(&error, progress);
+        let record = RunRecord::failed(&error, &figures);
         assert_eq!(record.outcome, RunOutcome::Failed);
         assert_eq!(record.stopped_by, None);
         assert_eq!((record.rows_tombstoned, record.batches), (30, 3));

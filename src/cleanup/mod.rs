@@ -18,8 +18,11 @@
 //! one `SKIP LOCKED` batch (the rest of the batch is tombstoned at once) and retried once at the
 //! end of the run; whatever is still held then is left for the next run and counted.
 //!
-//! Files, one concept each: `run` (one run, [`run_once`]), `engine` (the batch engine both phases
-//! share), `report` ([`RunReport`], [`StopReason`], [`RunOutcome`]), `keyset` (where a pass
+//! Files, one concept each: `run` (one run, [`run_once`]), `context` ([`RunContext`]: what a run
+//! and every engine of it work with and share), `engine` (the batch engine every phase and
+//! worker runs), `figures` ([`RunFigures`]: what a run did, added up with `+=`), `meter`
+//! ([`Meter`]: every metric a run and the scheduler count), `report` ([`RunReport`],
+//! [`StopReason`], [`RunOutcome`]), `keyset` (where a pass
 //! stands in its index), `dry_run`, `lease` ([`Lease`], the single-runner lease row), `history`
 //! ([`RecordedRun`], the `cleanup_runs` table), `throttle` (the replica-lag and rate limits on a
 //! run's pace: [`ReplicaLag`], [`rate_wait`]), `workers` (a run's tombstoning split between
@@ -27,11 +30,14 @@
 //! (every statement). Nothing here prints: the CLI renders reports, the scheduler and the CLI
 //! report failures. When runs happen is [`crate::scheduler`]'s business.
 
+mod context;
 mod dry_run;
 mod engine;
+mod figures;
 mod history;
 mod keyset;
 mod lease;
+mod meter;
 mod report;
 mod run;
 mod sizing;
@@ -39,13 +45,15 @@ pub mod sql;
 mod throttle;
 mod workers;
 
+pub use context::{RunContext, RunLimits};
 pub use dry_run::{
-    dry_run, dry_run_with_purge, DryRunReport, DueCount, OutboxPreview, PurgePreview,
+    dry_run, dry_run_with_purge, DryRunReport, Due, DueCount, OutboxPreview, PurgePreview,
     ReplicaPreview, WorkerSlice,
 };
-pub use engine::RunLimits;
+pub use figures::{FiguresCell, RunFigures};
 pub use history::RecordedRun;
 pub use lease::{lease_ttl, Lease, LeaseState, LEASE_NAME};
+pub use meter::Meter;
 pub use report::{RunOutcome, RunReport, StopReason};
 pub use run::{
     check_replica_lag_visible, run_leased, run_leased_on, run_once, server_refuses_writes,

@@ -1,20 +1,23 @@
 //! One cleanup run ([`run_once`]): the cutoff, the tombstoning phase, the optional retention
 //! purge, the optional retention of delivered outbox events, the backlog left, and the
-//! [`RunReport`] it returns. The batches themselves are the [`super::engine`]'s. [`run_leased`]
-//! is the same run under the single-runner lease, recorded in the run history.
+//! [`RunReport`] it returns. The batches themselves are the [`super::engine`]'s, and what they
+//! add up to is the run's figures ([`super::figures`], in its [`RunContext`]). [`run_leased`] is
+//! the same run under the single-runner lease, recorded in the run history.
 
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Engine, Meter, Phase, PhaseResult, Renewal, RunLimits};
-use super::history::{finish_run, ProgressCell, RunRecord};
+use super::context::{RunContext, RunLimits};
+use super::engine::{Engine, Phase, Renewal};
+use super::history::{finish_run, RunRecord};
 use super::keyset::{Key, KeyRange};
 use super::lease::{Lease, LeaseState};
+use super::meter::Meter;
 use super::report::{RunOutcome, RunReport, StopReason};
 use super::throttle::ReplicaLag;
-use super::workers::{self, Crew};
+use super::workers;
 use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
 use crate::db::{self, pipeline, Conn, ErrorClass, Param};
@@ -107,29 +110,16 @@ pub async fn run_once(
     shutdown: &CancellationToken,
     metrics: Option<&Metrics>,
 ) -> Result<RunReport, CleanupError> {
-    let meter = Meter(metrics);
-    let started = Instant::now();
-    let progress = ProgressCell::default();
+    let run = RunContext::new(db, cleanup, retention, limits, shutdown, metrics);
     let result = with_stop_grace(shutdown, async {
         let session = db::connect(db, "cleanup")
             .await
             .map_err(CleanupError::Connect)?;
-        let run = Run {
-            db,
-            conn: session.conn(),
-            cleanup,
-            retention,
-            limits,
-            shutdown,
-            meter,
-            started,
-            progress: &progress,
-        };
         // Boxed: a run's future (its engine's, its workers') is large for a caller's stack.
-        Box::pin(run.run(None)).await
+        Box::pin(run_on(&run, session.conn(), None)).await
     })
     .await;
-    report_result(meter, &result, started);
+    report_result(run.meter, &result, run.started);
     result
 }
 
@@ -162,42 +152,32 @@ pub async fn run_leased(
     shutdown: &CancellationToken,
     metrics: Option<&Metrics>,
 ) -> Result<LeasedRun, CleanupError> {
-    let meter = Meter(metrics);
-    let started = Instant::now();
+    let run = RunContext::new(db, cleanup, retention, limits, shutdown, metrics);
     // Until the lease is held there is no batch to let finish: a stop ends the wait at once.
     let session = tokio::select! {
         connected = db::connect(db, "cleanup") => match connected {
             Ok(session) => session,
             Err(e) => {
                 let e = CleanupError::Connect(e);
-                meter.run_failed(&e, started.elapsed());
+                run.meter.run_failed(&e, run.started.elapsed());
                 return Err(e);
             }
         },
         () = shutdown.cancelled() => return Ok(LeasedRun::Stopped),
     };
-    run_leased_on(
-        session, started, db, cleanup, retention, limits, shutdown, metrics,
-    )
-    .await
+    run_leased_on(session, &run).await
 }
 
 /// [`run_leased`] on a session the caller opened (`tombstoned cleanup` checks the schema on it
-/// first: one connection per run, not two). `started` is when the run began, connecting
-/// included.
-#[allow(clippy::too_many_arguments)]
-#[tracing::instrument(name = "cleanup_run", skip_all, fields(schema = %db.schema))]
+/// first: one connection per run, not two), for the run `run` (made when the run began,
+/// connecting included).
+#[tracing::instrument(name = "cleanup_run", skip_all, fields(schema = %run.db.schema))]
 pub async fn run_leased_on(
     session: db::Session,
-    started: Instant,
-    db: &DatabaseConfig,
-    cleanup: &CleanupConfig,
-    retention: &RetentionConfig,
-    limits: RunLimits,
-    shutdown: &CancellationToken,
-    metrics: Option<&Metrics>,
+    run: &RunContext<'_>,
 ) -> Result<LeasedRun, CleanupError> {
-    let meter = Meter(metrics);
+    let (db, cleanup, shutdown, meter, started) =
+        (run.db, run.cleanup, run.shutdown, run.meter, run.started);
     let holder = crate::instance::instance_id();
     let conn = session.conn();
     let taken = tokio::select! {
@@ -222,30 +202,18 @@ pub async fn run_leased_on(
     };
     meter.lease_held(true);
     tracing::debug!(%holder, expires_at = %lease.expires_at(), "cleanup lease taken");
-    let progress = ProgressCell::default();
     let result = with_stop_grace(shutdown, async {
         let statement = lease.prepare_renewal(&conn, cleanup).await?;
-        let run = Run {
-            db,
-            conn,
-            cleanup,
-            retention,
-            limits,
-            shutdown,
-            meter,
-            started,
-            progress: &progress,
-        };
-        Box::pin(run.run(Some(Renewal {
+        let renewal = Renewal {
             lease: &lease,
             statement,
-        })))
-        .await
+        };
+        Box::pin(run_on(run, conn, Some(renewal))).await
     })
     .await;
     let record = match &result {
         Ok(report) => RunRecord::finished(report),
-        Err(e) => RunRecord::failed(e, progress.get()),
+        Err(e) => RunRecord::failed(e, &run.figures()),
     };
     // Recorded on the run's session; after a lost connection, on a new one (bounded by
     // connect_timeout): a run that failed is recorded whenever the database can be reached.
@@ -332,155 +300,101 @@ fn report_result(meter: Meter<'_>, result: &Result<RunReport, CleanupError>, sta
     }
 }
 
-/// One run's session, settings and running figures.
-struct Run<'a> {
-    db: &'a DatabaseConfig,
-    conn: Conn<'a>,
-    cleanup: &'a CleanupConfig,
-    retention: &'a RetentionConfig,
-    limits: RunLimits,
-    shutdown: &'a CancellationToken,
-    meter: Meter<'a>,
-    started: Instant,
-    progress: &'a ProgressCell,
-}
+/// The run itself on `conn` (its session), its lease renewed by every batch with `renewal`.
+async fn run_on(
+    run: &RunContext<'_>,
+    conn: Conn<'_>,
+    renewal: Option<Renewal<'_>>,
+) -> Result<RunReport, CleanupError> {
+    let (cleanup, retention) = (run.cleanup, run.retention);
+    // Each statement outside the batches is its own transaction with the server-side bound set
+    // transaction-local (nothing stays set on a session a pooler hands on); the client waits a
+    // little beyond it ([`super::bounded`]).
+    let bound = cleanup.statement_timeout;
+    let statement_timeout = db::sql::duration_setting(bound);
+    let cutoff: DateTime<Utc> = super::bounded(bound, "reading the cutoff", async {
+        in_own_transaction(&conn, &statement_timeout, sql::CUTOFF, &[])
+            .await?
+            .try_get(0)
+    })
+    .await?;
 
-impl Run<'_> {
-    async fn run(self, renewal: Option<Renewal<'_>>) -> Result<RunReport, CleanupError> {
-        let Run {
-            db,
-            conn,
-            cleanup,
-            retention,
-            limits,
-            shutdown,
-            meter,
-            started,
-            progress,
-        } = self;
-        // Each statement outside the batches is its own transaction with the server-side bound
-        // set transaction-local (nothing stays set on a session a pooler hands on); the client
-        // waits a little beyond it ([`super::bounded`]).
-        let bound = cleanup.statement_timeout;
-        let statement_timeout = db::sql::duration_setting(bound);
-        let cutoff: DateTime<Utc> = super::bounded(bound, "reading the cutoff", async {
-            in_own_transaction(&conn, &statement_timeout, sql::CUTOFF, &[])
-                .await?
-                .try_get(0)
-        })
-        .await?;
+    let lease = renewal.as_ref().map(|r| r.lease);
+    let mut engine = Engine::new(conn, run, renewal).await?;
 
-        let lease = renewal.as_ref().map(|r| r.lease);
-        let mut engine = Engine::new(
-            conn, cleanup, limits, shutdown, meter, started, renewal, progress,
-        )
-        .await?;
-
-        let mut team = None;
-        let tombstoning = if cleanup.workers > 1 {
-            let crew = Crew {
-                db,
-                cleanup,
-                limits,
-                shutdown,
-                meter,
-                started,
-                progress,
-                lease,
-            };
-            let mut result = Box::pin(workers::tombstone(&crew, &conn, cutoff)).await?;
-            engine.carry_over(&result.team);
-            let phase = std::mem::take(&mut result.phase);
-            team = Some(result);
-            phase
-        } else {
-            engine.phase(Phase::Tombstone, cutoff).await?
-        };
-        let mut stopped = tombstoning.stopped;
-        let mut purge_bound = None;
-        let mut purging = PhaseResult::default();
-        if let (None, Some(after)) = (stopped, retention.purge_tombstones_after) {
-            if let Some(before) = purge_before(cutoff, after) {
-                purge_bound = Some(before);
-                purging = engine.phase(Phase::Purge, before).await?;
-                stopped = purging.stopped;
-            }
+    let mut workers = 1;
+    let tombstoning = if cleanup.workers > 1 {
+        let team = Box::pin(workers::tombstone(run, lease, &conn, cutoff)).await?;
+        workers = team.workers.max(1);
+        team.phase
+    } else {
+        engine.phase(Phase::Tombstone, cutoff).await?
+    };
+    let mut stopped = tombstoning.stopped;
+    let mut purge_bound = None;
+    if let (None, Some(after)) = (stopped, retention.purge_tombstones_after) {
+        if let Some(before) = purge_before(cutoff, after) {
+            purge_bound = Some(before);
+            stopped = engine.phase(Phase::Purge, before).await?.stopped;
         }
-        let mut outbox_bound = None;
-        let mut outbox = PhaseResult::default();
-        if let (None, Some(keep)) = (stopped, retention.outbox_keep_delivered) {
-            if let Some(before) = purge_before(cutoff, keep) {
-                outbox_bound = Some(before);
-                outbox = engine.phase(Phase::OutboxRetention, before).await?;
-                stopped = outbox.stopped;
-            }
-        }
-
-        let (backlog_rows, oldest_due_deadline) = backlog(
-            &conn,
-            &statement_timeout,
-            cutoff,
-            tombstoning.left.ranges(),
-            bound,
-        )
-        .await?;
-        let duration = started.elapsed();
-        let stopped_by = stopped.unwrap_or(StopReason::Finished);
-        let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
-            RunOutcome::Partial
-        } else {
-            RunOutcome::Success
-        };
-        let oldest_due_age = oldest_due_deadline.and_then(|deadline| {
-            let now = cutoff + TimeDelta::from_std(duration).unwrap_or_default();
-            (now - deadline).to_std().ok()
-        });
-        let mut durations = std::mem::take(&mut engine.batch_durations);
-        let mut retries = engine.retries;
-        let mut throttled_replica_lag = engine.throttled_replica_lag;
-        let mut throttled_rate = engine.throttled_rate;
-        let mut stopped_while_waiting_for = engine.stopped_while_waiting_for;
-        let mut workers = 1;
-        if let Some(team) = team {
-            durations.extend(team.batch_durations);
-            retries += team.retries;
-            throttled_replica_lag += team.throttled_replica_lag;
-            throttled_rate += team.throttled_rate;
-            stopped_while_waiting_for =
-                team.stopped_while_waiting_for.or(stopped_while_waiting_for);
-            workers = team.workers.max(1);
-        }
-        durations.sort_unstable();
-        let slowest_batch = durations.last().copied().unwrap_or_default();
-        let batch_p99 = percentile(&durations, 0.99);
-        Ok(RunReport {
-            cutoff,
-            rows_tombstoned: tombstoning.changed,
-            batches: tombstoning.batches,
-            lock_timeouts: tombstoning.lock_timeouts + purging.lock_timeouts + outbox.lock_timeouts,
-            rows_skipped: tombstoning.rows_skipped,
-            retries,
-            tombstones_purged: purging.changed,
-            purge_batches: purging.batches,
-            purge_before: purge_bound,
-            outbox_events_deleted: outbox.changed,
-            outbox_batches: outbox.batches,
-            outbox_delete_before: outbox_bound,
-            duration,
-            rows_per_second: per_second(tombstoning.changed, duration),
-            backlog_rows,
-            oldest_due_deadline,
-            oldest_due_age,
-            slowest_batch,
-            batch_p99,
-            throttled_replica_lag,
-            throttled_rate,
-            stopped_while_waiting_for,
-            workers,
-            stopped_by,
-            outcome,
-        })
     }
+    let mut outbox_bound = None;
+    if let (None, Some(keep)) = (stopped, retention.outbox_keep_delivered) {
+        if let Some(before) = purge_before(cutoff, keep) {
+            outbox_bound = Some(before);
+            stopped = engine.phase(Phase::OutboxRetention, before).await?.stopped;
+        }
+    }
+
+    let (backlog_rows, oldest_due_deadline) = backlog(
+        &conn,
+        &statement_timeout,
+        cutoff,
+        tombstoning.left.ranges(),
+        bound,
+    )
+    .await?;
+    let duration = run.started.elapsed();
+    let stopped_by = stopped.unwrap_or(StopReason::Finished);
+    let outcome = if stopped_by != StopReason::Finished && backlog_rows > 0 {
+        RunOutcome::Partial
+    } else {
+        RunOutcome::Success
+    };
+    let oldest_due_age = oldest_due_deadline.and_then(|deadline| {
+        let now = cutoff + TimeDelta::from_std(duration).unwrap_or_default();
+        (now - deadline).to_std().ok()
+    });
+    let mut figures = run.figures();
+    figures.batch_durations.sort_unstable();
+    let durations = &figures.batch_durations;
+    Ok(RunReport {
+        cutoff,
+        rows_tombstoned: figures.rows_tombstoned,
+        batches: figures.tombstone_batches,
+        lock_timeouts: figures.lock_timeouts,
+        rows_skipped: figures.rows_skipped,
+        retries: figures.retries,
+        tombstones_purged: figures.tombstones_purged,
+        purge_batches: figures.purge_batches,
+        purge_before: purge_bound,
+        outbox_events_deleted: figures.outbox_events_deleted,
+        outbox_batches: figures.outbox_batches,
+        outbox_delete_before: outbox_bound,
+        duration,
+        rows_per_second: per_second(figures.rows_tombstoned, duration),
+        backlog_rows,
+        oldest_due_deadline,
+        oldest_due_age,
+        slowest_batch: durations.last().copied().unwrap_or_default(),
+        batch_p99: percentile(durations, 0.99),
+        throttled_replica_lag: figures.throttled_replica_lag,
+        throttled_rate: figures.throttled_rate,
+        stopped_while_waiting_for: run.pace.waiting_when_stopped(),
+        workers,
+        stopped_by,
+        outcome,
+    })
 }
 
 /// The instant tombstones must have expired at or before to be purged (or outbox events been

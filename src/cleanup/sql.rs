@@ -298,8 +298,9 @@ SELECT percentile_disc($2::float8[]) WITHIN GROUP (ORDER BY replay_deadline)
 FROM {schema}.idempotency_records
 WHERE NOT expired AND replay_deadline <= $1::timestamptz";
 
-/// Dry run: rows due at the cutoff `$1`, and the oldest due deadline.
-pub const DRY_RUN_DUE: &str = "\
+/// Rows due at the cutoff `$1`, and the oldest due deadline: the dry run's and `status`'s
+/// ([`super::Due`]).
+pub const DUE_AT: &str = "\
 SELECT count(*), min(replay_deadline)
 FROM {schema}.idempotency_records
 WHERE NOT expired AND replay_deadline <= $1::timestamptz";

@@ -1,8 +1,9 @@
 //! Parallel tombstoning (`cleanup.workers = N > 1`): how one run splits its due rows into N
 //! disjoint slices of the due deadline range ([`split_due`], statement [`sql::SPLIT_DUE`] and
-//! the argument for it), runs one batch engine per slice on a session of its own, keeps the
-//! lease renewed from the run's session while they work, and adds their figures up
-//! ([`TeamResult`]).
+//! the argument for it), runs one batch engine per slice on a session of its own, and keeps the
+//! lease renewed from the run's session while they work. Each worker's engine adds its figures to
+//! the run's and keeps to the run's pace ([`super::context`]); what is left here is where each
+//! stopped ([`TeamResult`]).
 //!
 //! Why this cannot deadlock: every worker runs the unchanged batch statement, which locks its
 //! rows in primary-key order, over a slice no other worker touches, so no worker ever waits for
@@ -10,19 +11,16 @@
 //! holds (wait up to `lock_timeout`, isolate it with `SKIP LOCKED`, retry it at the end of its
 //! pass, or skip it) is exactly what a single run does.
 
-use std::time::{Duration, Instant};
-
 use chrono::TimeDelta;
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Engine, LeaseCheck, Meter, Phase, PhaseResult, RunLimits, Team};
-use super::history::ProgressCell;
+use super::context::RunContext;
+use super::engine::{Engine, LeaseCheck, Phase, PhaseResult};
 use super::keyset::{Key, KeyRange};
 use super::lease::Lease;
 use super::report::StopReason;
-use super::throttle::ThrottleReason;
 use super::{sql, CleanupError};
-use crate::config::{CleanupConfig, DatabaseConfig};
+use crate::config::CleanupConfig;
 use crate::db::{self, pipeline, Conn, ErrorClass};
 
 /// The slices of the due deadline range `(-infinity, cutoff]` that [`sql::SPLIT_DUE`] gives for
@@ -96,78 +94,14 @@ pub(super) async fn split_due_in(
     Ok(slices(cutoff, &bounds))
 }
 
-/// What a worker's engine measured, taken out before its session closes.
-struct Figures {
-    batch_durations: Vec<Duration>,
-    retries: u64,
-    throttled_replica_lag: Duration,
-    throttled_rate: Duration,
-    stopped_while_waiting_for: Option<ThrottleReason>,
-}
-
-impl Figures {
-    fn of(engine: Engine<'_>) -> Figures {
-        Figures {
-            batch_durations: engine.batch_durations,
-            retries: engine.retries,
-            throttled_replica_lag: engine.throttled_replica_lag,
-            throttled_rate: engine.throttled_rate,
-            stopped_while_waiting_for: engine.stopped_while_waiting_for,
-        }
-    }
-}
-
-/// The tombstoning phase of a run's workers, added up.
+/// Where the workers of a run's tombstoning phase stopped.
 #[derive(Debug)]
 pub(super) struct TeamResult {
+    /// The first reason that stopped one (every worker reports it), and every range a worker
+    /// left.
     pub(super) phase: PhaseResult,
-    pub(super) batch_durations: Vec<Duration>,
-    pub(super) retries: u64,
-    /// The longest any worker waited for the standbys (they wait side by side).
-    pub(super) throttled_replica_lag: Duration,
-    /// The longest any worker waited for the rate cap.
-    pub(super) throttled_rate: Duration,
-    pub(super) stopped_while_waiting_for: Option<ThrottleReason>,
     /// How many workers ran (one per slice: fewer than `cleanup.workers` when few rows are due).
     pub(super) workers: u32,
-    /// Their shared counts, which the rest of the run goes on from ([`Engine::carry_over`]).
-    pub(super) team: Team,
-}
-
-impl TeamResult {
-    fn add(&mut self, phase: PhaseResult, engine: Figures) {
-        let total = &mut self.phase;
-        total.changed += phase.changed;
-        total.batches += phase.batches;
-        total.lock_timeouts += phase.lock_timeouts;
-        total.rows_skipped += phase.rows_skipped;
-        for range in phase.left.ranges() {
-            total.left.add(*range);
-        }
-        // Every worker reports the team's first stop reason.
-        total.stopped = total.stopped.or(phase.stopped);
-        self.batch_durations.extend(engine.batch_durations);
-        self.retries += engine.retries;
-        self.throttled_replica_lag = self.throttled_replica_lag.max(engine.throttled_replica_lag);
-        self.throttled_rate = self.throttled_rate.max(engine.throttled_rate);
-        self.stopped_while_waiting_for = self
-            .stopped_while_waiting_for
-            .or(engine.stopped_while_waiting_for);
-        self.workers += 1;
-    }
-}
-
-/// What the workers of a run share: its settings, limits, clock and figures.
-pub(super) struct Crew<'a> {
-    pub(super) db: &'a DatabaseConfig,
-    pub(super) cleanup: &'a CleanupConfig,
-    pub(super) limits: RunLimits,
-    pub(super) shutdown: &'a CancellationToken,
-    pub(super) meter: Meter<'a>,
-    pub(super) started: Instant,
-    pub(super) progress: &'a ProgressCell,
-    /// The lease the run holds, if it is leased: renewed on `conn`, checked by every batch.
-    pub(super) lease: Option<&'a Lease>,
 }
 
 /// Tombstones the rows due at `cutoff` with `cleanup.workers` sessions at once, one slice of
@@ -177,19 +111,19 @@ pub(super) struct Crew<'a> {
 /// run: the others are dropped with their sessions, and the server rolls their batches in
 /// flight back.
 pub(super) async fn tombstone(
-    crew: &Crew<'_>,
+    run: &RunContext<'_>,
+    lease: Option<&Lease>,
     conn: &Conn<'_>,
     cutoff: Key,
 ) -> Result<TeamResult, CleanupError> {
-    let slices = split_due(conn, crew.cleanup, cutoff).await?;
+    let slices = split_due(conn, run.cleanup, cutoff).await?;
     let count = u32::try_from(slices.len()).unwrap_or(u32::MAX);
     tracing::debug!(workers = count, ?slices, "cleanup workers start");
-    let team = Team::new(count);
     let done = CancellationToken::new();
     let (results, renewals) = {
         let workers = slices
             .into_iter()
-            .map(|slice| Box::pin(worker(crew, cutoff, slice, &team)));
+            .map(|slice| Box::pin(worker(run, lease, count, cutoff, slice)));
         // Boxed: a worker's future (its engine's, with its session) is large, and N of them
         // side by side on the stack would overflow a small thread stack.
         let all = futures::future::try_join_all(workers);
@@ -201,74 +135,63 @@ pub(super) async fn tombstone(
                 done.cancel();
                 results
             },
-            keep_lease(crew, conn, &team, &done),
+            keep_lease(run, lease, conn, &done),
         )
     };
     let results = results?;
     renewals?;
     let mut total = TeamResult {
         phase: PhaseResult::default(),
-        batch_durations: Vec::new(),
-        retries: 0,
-        throttled_replica_lag: Duration::ZERO,
-        throttled_rate: Duration::ZERO,
-        stopped_while_waiting_for: None,
         workers: 0,
-        team,
     };
-    for (phase, figures) in results {
-        total.add(phase, figures);
+    for phase in results {
+        for range in phase.left.ranges() {
+            total.phase.left.add(*range);
+        }
+        // Every worker reports the run's first stop reason.
+        total.phase.stopped = total.phase.stopped.or(phase.stopped);
+        total.workers += 1;
     }
     Ok(total)
 }
 
-/// One worker: its own session, its own engine, its slice.
+/// One worker of `workers`: its own session, its own engine, its slice.
 async fn worker<'a>(
-    crew: &'a Crew<'a>,
+    run: &'a RunContext<'a>,
+    lease: Option<&'a Lease>,
+    workers: u32,
     cutoff: Key,
     slice: KeyRange,
-    team: &'a Team,
-) -> Result<(PhaseResult, Figures), CleanupError> {
-    let session = db::connect(crew.db, "cleanup")
+) -> Result<PhaseResult, CleanupError> {
+    let session = db::connect(run.db, "cleanup")
         .await
         .map_err(CleanupError::Connect)?;
-    // The engine borrows the session; both live in this future until the worker ends, and the
-    // engine's figures are taken out before the session closes.
+    // The engine borrows the session; both live in this future until the worker ends.
     let conn = session.conn();
-    let check = match crew.lease {
+    let check = match lease {
         Some(lease) => Some(LeaseCheck {
             lease,
-            statement: lease.prepare_check(&conn, crew.cleanup).await?,
+            statement: lease.prepare_check(&conn, run.cleanup).await?,
         }),
         None => None,
     };
-    let mut engine = Engine::new(
-        conn,
-        crew.cleanup,
-        crew.limits,
-        crew.shutdown,
-        crew.meter,
-        crew.started,
-        None,
-        crew.progress,
-    )
-    .await?
-    .in_team(team, check);
-    let phase = engine.phase_over(Phase::Tombstone, cutoff, slice).await?;
-    Ok((phase, Figures::of(engine)))
+    let mut engine = Engine::new(conn, run, None)
+        .await?
+        .working_beside(workers, check);
+    engine.phase_over(Phase::Tombstone, cutoff, slice).await
 }
 
 /// Renews the lease on the run's session a third of its length apart until `done` (the one
-/// place it is renewed while the workers run). A lease found lost stops the team (`lease_lost`,
+/// place it is renewed while the workers run). A lease found lost stops the run (`lease_lost`,
 /// each worker at its next batch, whose check fails too); a renewal that fails otherwise stops
-/// the team too, and fails the run once the workers have stopped.
+/// it too, and fails the run once the workers have stopped.
 async fn keep_lease(
-    crew: &Crew<'_>,
+    run: &RunContext<'_>,
+    lease: Option<&Lease>,
     conn: &Conn<'_>,
-    team: &Team,
     done: &CancellationToken,
 ) -> Result<(), CleanupError> {
-    let Some(lease) = crew.lease else {
+    let Some(lease) = lease else {
         return Ok(());
     };
     loop {
@@ -276,17 +199,17 @@ async fn keep_lease(
             () = tokio::time::sleep(lease.ttl() / 3) => {}
             () = done.cancelled() => return Ok(()),
         }
-        match lease.renew(conn, crew.cleanup).await {
+        match lease.renew(conn, run.cleanup).await {
             Ok(()) => {}
             Err(e) if e.class() == ErrorClass::LeaseLost => {
                 tracing::warn!(
                     "another run holds the cleanup lease now (this run's had expired); stopping"
                 );
-                team.stop(StopReason::LeaseLost);
+                run.pace.stop(StopReason::LeaseLost);
                 return Ok(());
             }
             Err(e) => {
-                team.stop(StopReason::LeaseLost);
+                run.pace.stop(StopReason::LeaseLost);
                 return Err(e);
             }
         }

@@ -34,7 +34,7 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
         out,
         "sql api: version {} (the functions `tombstoned migrate` installs in schema {}; serve \
          refuses a schema with another version, `tombstoned status` shows the schema's)",
-        crate::sql_api::API_VERSION,
+        crate::schema::API_VERSION,
         config.database.schema
     );
     let purge = config.retention.purge_tombstones_after.map_or(

@@ -2,15 +2,15 @@
 //! run, then its report on stdout, human-readable or `--json`.
 
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{count, CleanupArgs};
 use crate::cleanup::{
-    dry_run_with_purge, run_leased_on, DryRunReport, LeasedRun, ReplicaPreview, RunLimits,
-    RunReport, STOP_GRACE,
+    dry_run_with_purge, run_leased_on, DryRunReport, LeasedRun, ReplicaPreview, RunContext,
+    RunLimits, RunReport, STOP_GRACE,
 };
 use crate::config::Config;
 use crate::db;
@@ -74,16 +74,7 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
     }
     // Until the run holds the lease a signal ends the command at once, nothing done. The run
     // goes on on the session the schema was checked on (one connection per run).
-    let started = Instant::now();
-    let session = tokio::select! {
-        checked = super::connect_current(&config.database, "cleanup", "cleanup run failed") => checked?,
-        () = shutdown.cancelled() => return Ok(stopped_before_the_run()),
-    };
-    // The run gives its batch in flight STOP_GRACE after a signal, then records itself; on a
-    // database that answers nothing even that is bounded here, so a stop always ends the command.
-    let run = run_leased_on(
-        session,
-        started,
+    let run = RunContext::new(
         &config.database,
         &config.cleanup,
         &config.retention,
@@ -93,8 +84,14 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         &shutdown,
         None,
     );
+    let session = tokio::select! {
+        checked = super::connect_current(&config.database, "cleanup", "cleanup run failed") => checked?,
+        () = shutdown.cancelled() => return Ok(stopped_before_the_run()),
+    };
+    // The run gives its batch in flight STOP_GRACE after a signal, then records itself; on a
+    // database that answers nothing even that is bounded here, so a stop always ends the command.
     let result = tokio::select! {
-        result = run => result,
+        result = run_leased_on(session, &run) => result,
         () = async {
             shutdown.cancelled().await;
             tokio::time::sleep(STOP_GRACE.saturating_mul(2)).await;

@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 
 use super::MigrateArgs;
 use crate::config::Config;
-use crate::db::{self, migrations};
+use crate::db;
 use crate::exit::Exit;
+use crate::schema::{self, migrations};
 use crate::stdout;
 
 /// Migrates, or with `--status` reports, changing nothing.
@@ -52,7 +53,7 @@ pub(super) async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<Ex
         stdout::print(&out)?;
         return Ok(Exit::Success);
     }
-    let applied = migrations::migrate(&config.database).await?;
+    let applied = schema::migrate(&config.database).await?;
     if applied.is_empty() {
         let _ = writeln!(out, "schema {} is already current", config.database.schema);
     }

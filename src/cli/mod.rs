@@ -22,8 +22,9 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{Config, ConfigError, Override};
-use crate::db::{self, migrations, DbError, ErrorClass};
+use crate::db::{self, DbError, ErrorClass};
 use crate::exit::Exit;
+use crate::schema::{self, migrations, Needs};
 use crate::stdout::{self, StdoutError};
 
 /// tombstoned: idempotency records that stay honest over time.
@@ -292,8 +293,17 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if let Some(crate::status::StatusError::SchemaNotCurrent(_)) = cause.downcast_ref() {
             return Exit::Unavailable;
         }
-        if cause.is::<migrations::SchemaNotCurrent>() {
+        if cause.is::<schema::SchemaNotCurrent>() {
             return Exit::Unavailable;
+        }
+        if let Some(failed) = cause.downcast_ref::<schema::CheckError>() {
+            return match failed {
+                schema::CheckError::NotCurrent(_) => Exit::Unavailable,
+                schema::CheckError::Db(db) if db.class() == ErrorClass::Unavailable => {
+                    Exit::Unavailable
+                }
+                schema::CheckError::Db(_) => Exit::Software,
+            };
         }
 
         // The configuration points migrate at a transaction pooler: the operator's to fix.
@@ -334,12 +344,10 @@ async fn connect_current(
     context: &'static str,
 ) -> anyhow::Result<db::Session> {
     let session = db::connect(db, purpose).await.context(context)?;
-    let status = migrations::status(&session.conn(), None)
-        .await
-        .context(context)?;
-    match status.problem() {
-        Some(problem) => Err(migrations::SchemaNotCurrent(problem).into()),
-        None => Ok(session),
+    match schema::check(&session.conn(), Needs::MIGRATIONS, None).await {
+        Ok(_) => Ok(session),
+        Err(schema::CheckError::NotCurrent(not_current)) => Err(not_current.into()),
+        Err(schema::CheckError::Db(e)) => Err(anyhow::Error::new(e).context(context)),
     }
 }
 
@@ -552,7 +560,12 @@ mod tests {
             ),
             (
                 "schema not current",
-                migrations::SchemaNotCurrent("1 migration pending".into()).into(),
+                schema::SchemaNotCurrent("1 migration pending".into()).into(),
+                Exit::Unavailable,
+            ),
+            (
+                "schema check: not current",
+                schema::CheckError::from(schema::SchemaNotCurrent("unknown API".into())).into(),
                 Exit::Unavailable,
             ),
             (

@@ -1,13 +1,12 @@
 //! Opening one PostgreSQL session, for every purpose (dedicated sessions and, through deadpool's
 //! [`deadpool_postgres::Connect`], the pool): the hosts of the connection string in order (or
 //! shuffled with `load_balance_hosts=random`); each host's attempt — TCP connect, TLS, startup,
-//! authentication, the `target_session_attrs` check and the caller's session setup — bounded as
-//! a whole by the connect timeout; keepalives and `TCP_USER_TIMEOUT` on every socket; the
-//! password from its source; and a typed, one-line error naming each host's failure.
+//! authentication and the `target_session_attrs` check — bounded as a whole by the connect
+//! timeout; keepalives and `TCP_USER_TIMEOUT` on every socket; the password from its source; and
+//! a typed, one-line error naming each host's failure.
 //!
-//! Nothing is added to the startup packet's `options`: poolers such as PgBouncer refuse it. A
-//! caller that needs per-session settings passes a [`SessionSetup`], run on every new session
-//! before it is handed out.
+//! Nothing is added to the startup packet's `options`: poolers such as PgBouncer refuse it;
+//! statements name their schema instead ([`super::sql::qualify`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,12 +81,6 @@ impl ConnectSettings {
         }
     }
 }
-
-/// Setup run on every new session after the `target_session_attrs` check and before the
-/// session is handed out, inside the same deadline (e.g. `SET search_path`).
-pub type SessionSetup = Arc<
-    dyn for<'c> Fn(&'c Client) -> BoxFuture<'c, Result<(), tokio_postgres::Error>> + Send + Sync,
->;
 
 /// The server that answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,7 +305,6 @@ pub struct Connector {
     startup: tokio_postgres::Config,
     password_source: PasswordSource,
     settings: ConnectSettings,
-    setup: Option<SessionSetup>,
 }
 
 impl std::fmt::Debug for Connector {
@@ -341,14 +333,7 @@ impl Connector {
             startup,
             password_source,
             settings,
-            setup: None,
         }
-    }
-
-    /// Runs `setup` on every new session before handing it out.
-    pub fn with_session_setup(mut self, setup: SessionSetup) -> Self {
-        self.setup = Some(setup);
-        self
     }
 
     /// The socket and time bounds in use.
@@ -553,9 +538,6 @@ impl Connector {
         let task = AbortOnDrop(Some(task));
         progress.enter(Phase::SessionCheck);
         check_session_attrs(&client, want).await?;
-        if let Some(setup) = &self.setup {
-            setup(&client).await.map_err(|e| classify(&e, &context))?;
-        }
         Ok(Connected {
             client,
             task: task.disarm(),

@@ -1047,12 +1047,6 @@ impl ConnInfo {
         self.form
     }
 
-    /// The same parameters, printed in `form` from now on.
-    pub fn with_form(mut self, form: Form) -> Self {
-        self.form = form;
-        self
-    }
-
     /// Renders the connection string; `reveal` decides whether secrets are printed or masked
     /// as `***`.
     fn render(&self, reveal: bool) -> String {

@@ -2,8 +2,8 @@
 //! of pools and dedicated sessions (here), [`Session`], how statements are sent
 //! ([`statement`], per [`Pooler`]), the classification of failures by SQLSTATE ([`ErrorClass`],
 //! never by message text), the client-side bounds on every call ([`deadline`]), the one error
-//! text safe to show anywhere ([`error_text`]), and
-//! [`migrations`].
+//! text safe to show anywhere ([`error_text`]). Plumbing only: which schema the binary needs is
+//! `crate::schema`'s.
 
 pub mod connect;
 pub mod conninfo;
@@ -11,7 +11,6 @@ pub mod credentials;
 pub mod deadline;
 mod error;
 mod error_text;
-pub mod migrations;
 pub mod pipeline;
 pub mod pooled;
 pub mod pooler;

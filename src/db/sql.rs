@@ -37,14 +37,6 @@ pub const COMMIT: &str = "COMMIT";
 /// nothing is left on a session a pooler hands on), `$1` as [`duration_setting`] renders it.
 pub const SET_LOCAL_STATEMENT_TIMEOUT: &str = "SELECT set_config('statement_timeout', $1, true)";
 
-/// Waits for the session-level advisory lock on the text key `$1` (hashed by the server with
-/// `hashtextextended($1, 0)`; in `pg_locks`: locktype `advisory`, objsubid 1). Session state:
-/// never through a transaction pooler.
-pub const ADVISORY_LOCK: &str = "SELECT pg_advisory_lock(hashtextextended($1, 0))";
-
-/// Releases the advisory lock on `$1` (closing the session releases it too).
-pub const ADVISORY_UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
-
 /// A duration as a timeout setting's value: whole milliseconds, at least 1 (`"5000ms"`), since 0
 /// would mean "no bound". Configuration keeps timeouts within what PostgreSQL accepts.
 pub fn duration_setting(d: Duration) -> String {

@@ -18,7 +18,7 @@ use super::problem::{Problem, ProblemType, PROBLEM_JSON};
 use super::run_to_end::RunToEnd;
 use super::state::{ApiState, Live};
 use crate::auth::{Approval, Permission, Principal};
-use crate::claim::{self, ClaimError, ClaimOutcome, ClaimRequest, Decision};
+use crate::claim::{self, Answered, ClaimError, ClaimOutcome, ClaimRequest, Decision};
 use crate::config::SUPPORTED_API_VERSIONS;
 use crate::fingerprint::Fingerprint;
 use crate::lookup::{self, LookupError};
@@ -516,7 +516,7 @@ pub(crate) async fn create_order(
             let label = if problem.kind == ProblemType::InternalError {
                 "error"
             } else {
-                state.metrics().claims.with_label_values(&["invalid"]).inc();
+                claim::count(state.metrics(), Answered::Invalid);
                 "invalid"
             };
             return with_label(problem.into_response(), label);
@@ -528,11 +528,7 @@ pub(crate) async fn create_order(
         .keys()
         .enter(&request.tenant, &request.principal, &request.key)
     else {
-        state
-            .metrics()
-            .claims
-            .with_label_values(&["in_progress"])
-            .inc();
+        claim::count(state.metrics(), Answered::KeyBusy);
         return with_label(key_busy().into_response(), "in_progress");
     };
     // The transaction runs inline, in this request's task; if the client disconnects, hyper
@@ -549,14 +545,8 @@ pub(crate) async fn create_order(
     });
     match task.await {
         Ok(outcome) => {
+            claim::count(state.metrics(), Answered::Outcome(&outcome));
             let label = outcome.metric_label();
-            state.metrics().claims.with_label_values(&[label]).inc();
-            match &outcome {
-                ClaimOutcome::InProgress => state.metrics().db_error("55"),
-                ClaimOutcome::DuplicateRequestSameOrder { .. }
-                | ClaimOutcome::DuplicateRequestConflict => state.metrics().db_error("23"),
-                _ => {}
-            }
             with_label(outcome_response(outcome), label)
         }
         Err(error) => with_label(claim_error_response(&state, &error), "error"),

@@ -34,9 +34,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DatabaseConfig;
-use crate::db::migrations::{self, MigrationStatus};
 use crate::db::{self, DbError, ErrorClass, Session};
 use crate::ops::request_health::RequestHealth;
+use crate::schema::{self, CheckError, Needs};
 
 /// Default bound on one check, connecting included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -202,7 +202,7 @@ impl ReadinessProbe {
         }
         let readiness =
             match tokio::time::timeout(self.timeout, self.query(&mut state.session)).await {
-                Ok(Ok((status, read_only))) => match status.problem() {
+                Ok(Ok((schema_problem, read_only))) => match schema_problem {
                     Some(problem) => Readiness::NotReady(NotReady::SchemaNotCurrent(problem)),
                     None => match read_only {
                         Some(why) => Readiness::NotReady(NotReady::ReadOnly(why)),
@@ -286,12 +286,13 @@ impl ReadinessProbe {
         }
     }
 
-    /// The schema's status, and why the server refuses writes if it does.
+    /// What is wrong with the schema (`None`: it is current), and why the server refuses writes
+    /// if it does.
     #[tracing::instrument(level = "debug", skip_all, fields(schema = %self.database.schema))]
     async fn query(
         &self,
         session: &mut Option<Session>,
-    ) -> Result<(MigrationStatus, Option<&'static str>), DbError> {
+    ) -> Result<(Option<String>, Option<&'static str>), DbError> {
         if session.as_ref().is_some_and(Session::is_closed) {
             *session = None;
         }
@@ -304,7 +305,12 @@ impl ReadinessProbe {
         // nothing stays set on a session a pooler hands on.
         let statement_timeout = db::sql::duration_setting(self.timeout * 3 / 4);
         let conn = session.conn();
-        let status = migrations::status(&conn, Some(&statement_timeout)).await?;
+        let schema_problem =
+            match schema::check(&conn, Needs::MIGRATIONS, Some(&statement_timeout)).await {
+                Ok(_) => None,
+                Err(CheckError::NotCurrent(not_current)) => Some(not_current.0),
+                Err(CheckError::Db(e)) => return Err(e),
+            };
         let row = conn
             .query_one(db::sql::READ_ONLY_CHECK, &[])
             .await
@@ -316,7 +322,7 @@ impl ReadinessProbe {
         } else {
             None
         };
-        Ok((status, read_only))
+        Ok((schema_problem, read_only))
     }
 }
 

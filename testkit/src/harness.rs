@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use crate::cluster::ClusterOptionsTestExt as _;
 use tokio_postgres::{Client, NoTls};
 use tombstoned::config::Config;
-use tombstoned::db::migrations;
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use tombstoned::schema::migrations;
 
 use crate::cluster::conninfo_for_database;
 

@@ -200,7 +200,7 @@ async fn the_service_role_reaches_the_functions_and_no_table() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, tombstoned::sql_api::API_VERSION);
+    assert_eq!(version, tombstoned::schema::API_VERSION);
     let refused = client
         .query("SELECT 1 FROM tombstoned.idempotency_records LIMIT 1", &[])
         .await

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
-use tombstoned::db::migrations;
 use tombstoned::pg_cluster::{ClusterOptions, ThrowawayCluster};
+use tombstoned::schema::migrations;
 use tombstoned_testkit::cluster::{ClusterOptionsTestExt as _, ClusterTestExt as _};
 
 use crate::api_support::order;

@@ -1,11 +1,10 @@
 //! The endpoint's claim statements as functions (migration V6, used only with `database.pooler =
-//! "transaction"`): each body is exactly its Rust constant; the migration grants EXECUTE to the
-//! roles that already hold the tables' privileges and to nobody else; `serve` through a
-//! transaction pooler refuses, in one line, a role that may not execute them, and claims through
-//! them once granted. (tests/it/protocol_paths.rs runs the protocol's cases through them;
-//! tests/it/pooler.rs through a real PgBouncer.)
-
-use tombstoned::claim::sql::{CLAIM_AND_CREATE, CLAIM_REJECTED};
+//! "transaction"`): the migration grants EXECUTE to the roles that already hold the tables'
+//! privileges and to nobody else; `serve` through a transaction pooler refuses, in one line, a
+//! role that may not execute them, and claims through them once granted. That each body is
+//! exactly its Rust constant is the schema's contract test's (tests/it/schema_contract.rs);
+//! tests/it/protocol_paths.rs runs the protocol's cases through them, tests/it/pooler.rs through
+//! a real PgBouncer.
 
 use crate::api_support::order;
 use crate::daemon_support::{self, Daemon, Spec};
@@ -20,56 +19,6 @@ const CLAIM_ORDER: &str = "tombstoned.endpoint_claim_order(text, text, text, tex
 const CLAIM_ORDER_NAME: &str = "tombstoned.endpoint_claim_order";
 const CLAIM_REJECTED_FN: &str = "tombstoned.endpoint_claim_rejected(text, text, text, text, \
                                  bytea, smallint, jsonb, bigint, text)";
-
-/// Runs of whitespace as one space: the comparison is of the SQL, not of its layout.
-fn normalised(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// What a function's body must be: the READ COMMITTED check, the lock timeout from its last
-/// argument (`$lock_timeout`), then `RETURN QUERY` of the constant, its schema prefix left out
-/// (the function's search_path is pinned to the schema).
-fn body_of(statement: &str, lock_timeout: usize) -> String {
-    normalised(&format!(
-        "#variable_conflict use_column
-BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'the endpoint''s claim runs under READ COMMITTED, not %',
-                        current_setting('transaction_isolation')
-            USING ERRCODE = 'TS005';
-    END IF;
-    PERFORM set_config('lock_timeout', ${lock_timeout}, true);
-    RETURN QUERY
-{};
-END",
-        statement.replace("{schema}.", "")
-    ))
-}
-
-#[tokio::test]
-async fn each_function_body_is_exactly_the_endpoints_statement() {
-    let db = TestDb::new().await;
-    let admin = db.client().await;
-    for (function, statement, lock_timeout) in [
-        (CLAIM_ORDER, CLAIM_AND_CREATE, 17),
-        (CLAIM_REJECTED_FN, CLAIM_REJECTED, 9),
-    ] {
-        let source: String = admin
-            .query_one(
-                "SELECT prosrc FROM pg_proc WHERE oid = $1::text::regprocedure",
-                &[&function],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(
-            normalised(&source),
-            body_of(statement, lock_timeout),
-            "{function} drifted from the Rust constant: a changed statement needs a migration \
-             that replaces the function"
-        );
-    }
-}
 
 /// `tombstoned serve` on `url` with `pooler = "transaction"` and the API on, run to its exit.
 fn serve_through_transaction_pooler(url: &str) -> std::process::Output {
@@ -95,16 +44,16 @@ fn serve_through_transaction_pooler(url: &str) -> std::process::Output {
 #[tokio::test]
 async fn serve_through_a_transaction_pooler_refuses_a_schema_without_v6() {
     let db = TestDb::empty().await;
-    let mut admin = db.client().await;
-    crate::schema_support::migrate_to(&mut admin, 5).await;
+    crate::schema_support::migrate_to(&db, 5).await;
     let serve = serve_through_transaction_pooler(&db.url);
     let stderr = String::from_utf8_lossy(&serve.stderr);
     assert_eq!(serve.status.code(), Some(69), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.contains("1 migration(s) pending (V6__endpoint_claim_functions)"),
-        "{stderr}"
+    let pending = format!(
+        "{} migration(s) pending (V6__endpoint_claim_functions",
+        crate::schema_support::versions_after(5).len()
     );
+    assert!(stderr.contains(&pending), "{stderr}");
 }
 
 /// Whether `role` may execute both functions.
@@ -126,9 +75,9 @@ async fn may_execute(admin: &tokio_postgres::Client, role: &str) -> (bool, bool)
 #[tokio::test]
 async fn v6_grants_execute_to_the_roles_that_may_already_write_what_the_functions_write() {
     let db = TestDb::empty().await;
-    let mut admin = db.client().await;
+    let admin = db.client().await;
     assert_eq!(
-        crate::schema_support::migrate_to(&mut admin, 5).await,
+        crate::schema_support::migrate_to(&db, 5).await,
         [1, 2, 3, 4, 5]
     );
     let daemon_role = format!("writer_{}", db.name);
@@ -146,10 +95,13 @@ async fn v6_grants_execute_to_the_roles_that_may_already_write_what_the_function
         .await
         .unwrap();
     let config = db.config();
-    let applied = tombstoned::db::migrations::migrate(&config.database)
+    let applied = tombstoned::schema::migrations::migrate(&config.database)
         .await
         .unwrap();
-    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [6]);
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        crate::schema_support::versions_after(5)
+    );
     assert_eq!(may_execute(&admin, &daemon_role).await, (true, true));
     assert_eq!(may_execute(&admin, &reader_role).await, (false, false));
     assert_eq!(may_execute(&admin, "public").await, (false, false));

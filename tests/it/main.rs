@@ -49,6 +49,7 @@ mod readme_docs;
 mod replay_locks;
 mod scheduler;
 mod schema;
+mod schema_contract;
 mod schema_support;
 mod security;
 mod silent_proxy;

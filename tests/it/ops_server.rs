@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tombstoned::db::{self, migrations};
+use tombstoned::db;
 use tombstoned::metrics::Metrics;
 use tombstoned::ops::listener::{OpsState, METRICS_CONTENT_TYPE};
 use tombstoned::ops::readiness::ReadinessProbe;
+use tombstoned::schema::migrations;
 
 use crate::harness::{self, TestDb};
 use crate::ops_support::{free_port, fresh_probe, get, prometheus_tool, RunningOps};

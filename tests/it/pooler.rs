@@ -18,9 +18,9 @@ use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tombstoned::cleanup::{self, RunLimits};
 use tombstoned::config::Config;
-use tombstoned::db::migrations::{self, MigrationError};
 use tombstoned::ops::readiness::{Readiness, ReadinessProbe};
 use tombstoned::outbox::Relay;
+use tombstoned::schema::migrations::{self, MigrationError};
 
 use crate::api::{
     scenario_after_tombstoning, scenario_create, scenario_duplicate_request_id,

@@ -380,63 +380,6 @@ async fn every_outcome_from_a_role_with_only_the_two_grants() {
     }
 }
 
-/// Privileges as the issue states them: every function SECURITY DEFINER, its search_path
-/// pinned with pg_temp last, none executable by PUBLIC.
-#[tokio::test]
-async fn every_function_is_security_definer_with_a_pinned_path_and_no_public_execute() {
-    let db = TestDb::new().await;
-    let admin = db.client().await;
-    let rows = admin
-        .query(
-            "SELECT p.proname::text, p.prosecdef, coalesce(array_to_string(p.proconfig, ';'), ''),
-                    coalesce(bool_or(a.grantee = 0), false) AS public_execute
-             FROM pg_proc p
-             LEFT JOIN LATERAL aclexplode(p.proacl) a ON a.privilege_type = 'EXECUTE'
-             WHERE p.pronamespace = 'tombstoned'::regnamespace
-               AND p.proname <> 'cleanup_lease_required'
-             GROUP BY p.oid, p.proname, p.prosecdef, p.proconfig, p.proacl
-             ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    for api in [
-        "api_version",
-        "claim",
-        "complete",
-        "enqueue_event",
-        "fingerprint",
-        "lookup",
-    ] {
-        assert!(names.iter().any(|n| n == api), "{api} missing: {names:?}");
-    }
-    for row in &rows {
-        let name: String = row.get(0);
-        assert!(row.get::<_, bool>(1), "{name} is not SECURITY DEFINER");
-        let config: String = row.get(2);
-        assert!(
-            config.contains("search_path=tombstoned, pg_temp"),
-            "{name}: {config}"
-        );
-        assert!(!row.get::<_, bool>(3), "{name} is executable by PUBLIC");
-    }
-    // A role without the grants cannot call them.
-    let role = format!("nogrant_{}", db.name);
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA tombstoned TO {role}"
-        ))
-        .await
-        .unwrap();
-    let stranger = Service::connect(&db, &role).await;
-    let e = stranger
-        .query_one("SELECT tombstoned.api_version()", &[])
-        .await
-        .unwrap_err();
-    assert_eq!(sqlstate(&e), "42501", "{e}");
-}
-
 /// Test 2: two sessions on one key, the second waiting (a Lock wait observed) on the first.
 #[tokio::test]
 async fn a_waiting_claim_replays_after_commit_owns_after_rollback_and_times_out_with_55p03() {
@@ -1341,11 +1284,8 @@ async fn enqueued_events_are_delivered_in_sequence_per_aggregate_and_rolled_back
 async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_by_side() {
     let db = TestDb::empty().await;
     let config = db.config();
-    let mut admin = db.client().await;
-    assert_eq!(
-        crate::schema_support::migrate_to(&mut admin, 3).await,
-        [1, 2, 3]
-    );
+    let admin = db.client().await;
+    assert_eq!(crate::schema_support::migrate_to(&db, 3).await, [1, 2, 3]);
     // What a V3 endpoint wrote: an order, its event, its record (and other records, due).
     let order = Uuid::now_v7();
     let event = Uuid::now_v7();
@@ -1387,7 +1327,7 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
         .unwrap()
         .get(0);
 
-    assert_eq!(crate::schema_support::migrate_to(&mut admin, 4).await, [4]);
+    assert_eq!(crate::schema_support::migrate_to(&db, 4).await, [4]);
     let size_v4: i32 = admin
         .query_one(tombstone_size, &[&"size-v4"])
         .await
@@ -1398,12 +1338,12 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
     assert_eq!(size_v4, size_v3, "V4 made an endpoint tombstone larger");
     // Then the releases after it (V5, the compact card: its own upgrade test is
     // `v5_upgrades_a_populated_v4_database_in_place`; V6, the endpoint's claim functions).
-    let applied = tombstoned::db::migrations::migrate(&config.database)
+    let applied = tombstoned::schema::migrations::migrate(&config.database)
         .await
         .unwrap();
     assert_eq!(
         applied.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [5, 6]
+        crate::schema_support::versions_after(4)
     );
 
     // The endpoint's record, seen through the functions: its order id is its resource.
@@ -1573,9 +1513,9 @@ const TUPLE_SIZES: &str = "SELECT avg(pg_column_size(t.*)) FILTER (WHERE expired
 async fn v5_upgrades_a_populated_v4_database_in_place() {
     let db = TestDb::empty().await;
     let config = db.config();
-    let mut admin = db.client().await;
+    let admin = db.client().await;
     assert_eq!(
-        crate::schema_support::migrate_to(&mut admin, 4).await,
+        crate::schema_support::migrate_to(&db, 4).await,
         [1, 2, 3, 4]
     );
     // What V4 held: endpoint records (due and not), function records through V4's functions,
@@ -1634,13 +1574,14 @@ async fn v5_upgrades_a_populated_v4_database_in_place() {
     assert_eq!(replay.outcome, "replay");
     assert_eq!(replay.response_body.as_deref(), Some(paid.as_str()));
     let database = config.database.clone();
-    let upgrade = tokio::spawn(async move { tombstoned::db::migrations::migrate(&database).await });
+    let upgrade =
+        tokio::spawn(async move { tombstoned::schema::migrations::migrate(&database).await });
     crate::cleanup_support::wait_until_sessions_wait(&admin, "tombstoned/migrate", 1).await;
     c.batch_execute("COMMIT").await.unwrap();
     let applied = upgrade.await.unwrap().unwrap();
     assert_eq!(
         applied.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [5, 6]
+        crate::schema_support::versions_after(4)
     );
 
     // Every card reads the same, through the view; the tuples are smaller, the live ones too.
@@ -1819,10 +1760,13 @@ async fn migrate_installs_the_sql_api_as_an_unprivileged_database_owner() {
     as_owner.user(&role);
     let url = tombstoned_testkit::cluster::conninfo_for_database(&as_owner, &db.name);
     let config = crate::harness::config_for(&url, &[]);
-    let applied = tombstoned::db::migrations::migrate(&config.database)
+    let applied = tombstoned::schema::migrations::migrate(&config.database)
         .await
         .unwrap();
-    assert_eq!(applied.len(), 6);
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        crate::schema_support::versions_after(0)
+    );
     // Its functions work for a service role it grants them to.
     let owner = Service::connect(&db, &role).await;
     let service = format!("svc_{}", db.name);

@@ -367,7 +367,7 @@ async fn a_run_waits_while_a_paused_standby_lags_and_finishes_once_it_replays() 
     let admin = connect(&primary.url("postgres").parse().unwrap()).await;
     admin.batch_execute("CREATE DATABASE app").await.unwrap();
     let url = primary.url("app");
-    tombstoned::db::migrations::migrate(&crate::harness::config_for(&url, &[]).database)
+    tombstoned::schema::migrations::migrate(&crate::harness::config_for(&url, &[]).database)
         .await
         .unwrap();
     let mut app: tokio_postgres::Config = url.parse().unwrap();

@@ -361,7 +361,7 @@ impl OwnCluster {
             .await
             .expect("create database");
         let url = cluster.url("fault");
-        tombstoned::db::migrations::migrate(&harness::config_for(&url, &[]).database)
+        tombstoned::schema::migrations::migrate(&harness::config_for(&url, &[]).database)
             .await
             .expect("migrate");
         OwnCluster { cluster, url }

@@ -48,9 +48,11 @@ impl Pair {
         };
         let admin = connect(&primary.url("postgres"), "test").await;
         admin.batch_execute("CREATE DATABASE ha").await.unwrap();
-        tombstoned::db::migrations::migrate(&harness::config_for(&primary.url("ha"), &[]).database)
-            .await
-            .expect("migrate");
+        tombstoned::schema::migrations::migrate(
+            &harness::config_for(&primary.url("ha"), &[]).database,
+        )
+        .await
+        .expect("migrate");
         let standby = Standby::start(
             &primary,
             &StandbyOptions::new(replication).settings(options),

@@ -1,6 +1,8 @@
 //! Schema migrations: the plain `.sql` files of `migrations/`, embedded at compile time and
 //! applied by refinery inside the configured schema, serialised across processes by an
-//! advisory lock so two `migrate` runs at once are safe.
+//! advisory lock so two `migrate` runs at once are safe; and the comparison of a database's
+//! history with them ([`status`]). The one place of the crate that names the migration files
+//! and refinery (`tests/architecture.rs` checks it).
 //!
 //! The migration files name no schema; the migrate session alone sets its `search_path` to the
 //! configured schema (it is a dedicated session, closed after the run). That, the advisory lock
@@ -8,8 +10,8 @@
 //! transaction-mode pooler does not keep, so `migrate` refuses to run through one
 //! ([`MigrationError::TransactionPooler`]).
 
-use super::settings::DatabaseConfig;
-use super::{connect, pipeline, Conn, DbError, Param, Pooler};
+use super::sql;
+use crate::db::{self, pipeline, Conn, DatabaseConfig, DbError, Param, Pooler};
 
 mod embedded {
     #![allow(missing_docs)]
@@ -44,11 +46,6 @@ impl From<tokio_postgres::Error> for MigrationError {
     }
 }
 
-/// The schema is not what this binary expects; `serve` refuses to start on it.
-#[derive(Debug, thiserror::Error)]
-#[error("refusing to start: {0}")]
-pub struct SchemaNotCurrent(pub String);
-
 /// One migration, as embedded in this binary and/or recorded in the database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigrationInfo {
@@ -61,7 +58,7 @@ pub struct MigrationInfo {
 }
 
 /// The schema's state relative to this binary.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MigrationStatus {
     /// Applied and known to this binary.
     pub applied: Vec<MigrationInfo>,
@@ -115,54 +112,65 @@ fn runner() -> refinery::Runner {
     runner
 }
 
+/// The migrations this binary carries, oldest first (`applied_on` is `None`).
+pub fn known() -> Vec<MigrationInfo> {
+    runner().get_migrations().iter().map(info).collect()
+}
+
+/// A migration file as this binary knows it (not applied: no time).
+fn info(m: &refinery::Migration) -> MigrationInfo {
+    MigrationInfo {
+        version: m.version(),
+        name: m.name().to_owned(),
+        applied_on: None,
+    }
+}
+
 /// Applies every pending migration; returns the ones applied now (empty when already current).
 pub async fn migrate(db: &DatabaseConfig) -> Result<Vec<MigrationInfo>, MigrationError> {
+    apply(db, runner()).await
+}
+
+/// Applies the pending migrations up to and including `version`, as the release that ended at
+/// `version` would have: what the upgrade tests start from.
+pub async fn migrate_to(
+    db: &DatabaseConfig,
+    version: i32,
+) -> Result<Vec<MigrationInfo>, MigrationError> {
+    apply(db, runner().set_target(refinery::Target::Version(version))).await
+}
+
+async fn apply(
+    db: &DatabaseConfig,
+    runner: refinery::Runner,
+) -> Result<Vec<MigrationInfo>, MigrationError> {
     if db.pooler == Pooler::Transaction {
         return Err(MigrationError::TransactionPooler);
     }
-    let mut session = connect(db, "migrate").await?;
+    let mut session = db::connect(db, "migrate").await?;
     let client = &mut session.client;
     // Same key for every process migrating this schema; released when the session ends even
     // if we crash half way.
     let lock_key = format!("tombstoned:migrate:{}", db.schema);
-    client
-        .execute(super::sql::ADVISORY_LOCK, &[&lock_key])
-        .await?;
+    client.execute(sql::ADVISORY_LOCK, &[&lock_key]).await?;
     // The identifier was validated ([a-z_][a-z0-9_]*); DDL cannot take it as a parameter.
     client
-        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", db.schema))
+        .batch_execute(&sql::create_schema(&db.schema))
         .await?;
     // The migration files name no schema: this session (and no other) resolves them in it.
     client
-        .batch_execute(&format!("SET search_path TO \"{}\"", db.schema))
+        .batch_execute(&sql::set_search_path(&db.schema))
         .await?;
-    let report = runner()
+    let report = runner
         .run_async(client)
         .await
         .map_err(MigrationError::Apply)?;
-    client
-        .execute(super::sql::ADVISORY_UNLOCK, &[&lock_key])
-        .await?;
-    Ok(report
-        .applied_migrations()
-        .iter()
-        .map(|m| MigrationInfo {
-            version: m.version(),
-            name: m.name().to_owned(),
-            applied_on: None,
-        })
-        .collect())
+    client.execute(sql::ADVISORY_UNLOCK, &[&lock_key]).await?;
+    Ok(report.applied_migrations().iter().map(info).collect())
 }
 
-/// Whether the history table exists.
-const HISTORY_EXISTS: &str = "SELECT to_regclass('{schema}.schema_history') IS NOT NULL";
-
-/// The history, oldest first (the table name is [`HISTORY_TABLE`]).
-const HISTORY: &str = "SELECT version, name, applied_on, checksum FROM {schema}.schema_history \
-                       ORDER BY version";
-
 /// Compares the database's history (read on `conn`, in its schema) with the migrations embedded
-/// in this binary. Read-only. With `statement_timeout` (as [`super::sql::duration_setting`]
+/// in this binary. Read-only. With `statement_timeout` (as [`db::sql::duration_setting`]
 /// renders it), each read is a transaction with that server-side bound, set transaction-local.
 pub async fn status(
     conn: &Conn<'_>,
@@ -173,7 +181,7 @@ pub async fn status(
             None => conn.query(template, params).await.map_err(DbError::Query),
             Some(timeout) => pipeline::query(
                 conn,
-                super::sql::SET_LOCAL_STATEMENT_TIMEOUT,
+                db::sql::SET_LOCAL_STATEMENT_TIMEOUT,
                 &[&timeout],
                 template,
                 params,
@@ -182,14 +190,14 @@ pub async fn status(
             .map_err(|failure| DbError::Query(failure.error)),
         }
     };
-    let exists = read(HISTORY_EXISTS, &[]).await?;
+    let exists = read(sql::HISTORY_EXISTS, &[]).await?;
     let exists: bool = match exists.first() {
         Some(row) => row.try_get(0)?,
         None => false,
     };
     let mut recorded = Vec::new();
     if exists {
-        for row in read(HISTORY, &[]).await? {
+        for row in read(sql::HISTORY, &[]).await? {
             let version: i32 = row.try_get(0)?;
             let name: Option<String> = row.try_get(1)?;
             let applied_on: Option<String> = row.try_get(2)?;
@@ -200,18 +208,13 @@ pub async fn status(
     let mut status = MigrationStatus::default();
     let embedded = runner();
     for m in embedded.get_migrations() {
-        let version = m.version();
-        let info = MigrationInfo {
-            version,
-            name: m.name().to_owned(),
-            applied_on: None,
-        };
-        match recorded.iter().find(|r| r.0 == version) {
-            None => status.pending.push(info),
+        let known = info(m);
+        match recorded.iter().find(|r| r.0 == known.version) {
+            None => status.pending.push(known),
             Some((_, _, applied_on, checksum)) => {
                 let info = MigrationInfo {
                     applied_on: applied_on.clone(),
-                    ..info
+                    ..known
                 };
                 if checksum.as_deref() == Some(m.checksum().to_string().as_str()) {
                     status.applied.push(info);
@@ -244,7 +247,11 @@ mod tests {
     #[test]
     fn the_history_reads_name_the_table_refinery_keeps() {
         let table = format!("{{schema}}.{HISTORY_TABLE}");
-        assert!(HISTORY.contains(&table), "{HISTORY}");
-        assert!(HISTORY_EXISTS.contains(&table), "{HISTORY_EXISTS}");
+        assert!(sql::HISTORY.contains(&table), "{}", sql::HISTORY);
+        assert!(
+            sql::HISTORY_EXISTS.contains(&table),
+            "{}",
+            sql::HISTORY_EXISTS
+        );
     }
 }

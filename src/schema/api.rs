@@ -1,21 +1,31 @@
-//! The SQL API: the protocol as functions any service calls inside its own transaction
-//! (`claim`, `complete`, `lookup`, `enqueue_event`, `fingerprint`, `api_version`), installed by
-//! `migrations/V4__sql_api.sql` and documented in docs/api.md. This module is the daemon's side
-//! of it: the version this binary speaks, and reading the version a schema offers.
+//! The SQL API's version: the protocol as functions any service calls inside its own transaction
+//! (`claim`, `complete`, `lookup`, `enqueue_event`, `fingerprint`, `api_version`; docs/api.md,
+//! their current source in `schema/functions/api/`). What this binary speaks, which functions
+//! make up the API, and reading the version a schema offers.
 
 use tokio_postgres::error::SqlState;
 
+use super::sql;
 use crate::db::{Conn, DbError};
 
 /// The version of the SQL API this binary installs and knows: the functions' names, arguments,
-/// result columns and SQLSTATEs. A change that would break a caller is a new version.
+/// result columns and SQLSTATEs. A change that would break a caller is a new version, bumped
+/// here and in the schema's `api_version()` together.
 pub const API_VERSION: i32 = 1;
 
-/// The statements, by name.
-pub mod sql {
-    /// The schema's `api_version()`; no argument.
-    pub const API_VERSION: &str = "SELECT {schema}.api_version()";
-}
+/// The functions a service calls: the SQL API (docs/api.md). Every other function of the schema
+/// is internal — the helpers these call, the endpoint's claim functions, the cleaner's lease
+/// check — and nothing but the daemon and the functions themselves should call it. The one
+/// place that says which is which: `schema/functions/api/` and `schema/functions/internal/` are
+/// rendered from it.
+pub const API_FUNCTIONS: &[&str] = &[
+    "api_version",
+    "claim",
+    "complete",
+    "enqueue_event",
+    "fingerprint",
+    "lookup",
+];
 
 /// A schema whose API this binary does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,14 +70,5 @@ mod tests {
         let newer = require_known(API_VERSION + 1).unwrap_err();
         assert_eq!(newer.found, API_VERSION + 1);
         assert!(newer.to_string().contains("version 2"), "{newer}");
-    }
-
-    #[test]
-    fn the_migration_defines_the_version_this_binary_knows() {
-        let migration = include_str!("../migrations/V4__sql_api.sql");
-        assert!(
-            migration.contains(&format!("AS $$ SELECT {API_VERSION} $$;")),
-            "api_version() in V4 must return {API_VERSION}"
-        );
     }
 }
