@@ -1,6 +1,7 @@
 //! `demo --keep --replay-window D` leaves a daemon whose replay window is D, and says how to
 //! point the README's curl walkthrough at it (issue 27, friction: the walkthrough needs a window
-//! long enough to follow by hand).
+//! long enough to follow by hand): a line a shell takes whole, as soon as the daemon is up
+//! (issue 42); its last line says what was timed.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
@@ -49,12 +50,37 @@ async fn demo_keep_runs_the_daemon_with_the_replay_window_asked_for() {
         "{printed}"
     );
     assert!(printed.contains("replay_window = \"3s\""), "{printed}");
-    let api = printed
+    // The `export API=` line comes as soon as the daemon is up, before the story's first request
+    // (issue 42), and again in the keep notice; each is a line a shell takes whole.
+    let exports: Vec<(usize, &str)> = printed
         .lines()
-        .find_map(|l| l.trim_start().strip_prefix("README    export API="))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no `export API=` line:\n{printed}"))
-        .to_owned();
+        .enumerate()
+        .filter(|(_, l)| l.trim_start().starts_with("export API="))
+        .collect();
+    let story_starts = printed
+        .lines()
+        .position(|l| l.starts_with("[3/10]"))
+        .unwrap_or_else(|| panic!("no step 3:\n{printed}"));
+    assert!(
+        exports.len() == 2 && exports[0].0 < story_starts && exports[1].0 > story_starts,
+        "one `export API=` line before step 3 and one in the notice:\n{printed}"
+    );
+    let pasted = |line: &str| {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!("{line}\nprintf %s \"$API\""))
+            .env_clear()
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{line}: {out:?}"
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let api = pasted(exports[0].1);
+    assert!(api.starts_with("http://127.0.0.1:"), "{api}");
+    assert_eq!(pasted(exports[1].1), api);
 
     // The walkthrough's first step, with a key of its own, against the kept daemon.
     let key = format!("demo-keep-{}", std::process::id());
@@ -101,6 +127,13 @@ async fn demo_keep_runs_the_daemon_with_the_replay_window_asked_for() {
     .await
     .unwrap();
     assert_eq!(exit.code(), Some(0), "{rest}");
+    // What was timed: the story, then the time the daemon stayed up, each named.
+    assert!(
+        rest.contains("Done: the story took ")
+            && rest.contains(" s, then the daemon stayed up ")
+            && rest.contains(" s until the signal."),
+        "{rest}"
+    );
     // Gone with the demo.
     assert!(
         tokio::time::timeout(
