@@ -239,17 +239,19 @@ fn literal_at(text: &str, i: usize) -> Option<(String, usize)> {
             '"' => {
                 // A `\` at a line's end continues the literal on the next line, without the
                 // break and the indentation.
-                static CONTINUATION: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
-                let contents = CONTINUATION
-                    .get_or_init(|| Regex::new(r"\\\n\s*").unwrap())
-                    .replace_all(&body[..n], "")
-                    .into_owned();
+                let contents = continuation().replace_all(&body[..n], "").into_owned();
                 return Some((contents, 1 + n + 1));
             }
             _ => {}
         }
     }
     None
+}
+
+/// A `\` at a line's end inside a string literal, with the indentation after it.
+fn continuation() -> &'static Regex {
+    static CONTINUATION: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    CONTINUATION.get_or_init(|| Regex::new(r"\\\n\s*").unwrap())
 }
 
 /// The string literals of `code`, skipping `//` comments.
