@@ -193,11 +193,17 @@ async fn the_demo_refuses_a_config_flag() {
     assert_eq!(output.status.code(), Some(64), "{output:?}");
 }
 
-/// `demo` started with its stdout piped, read up to the line starting with `[3/10]` (the daemon
-/// is up, the story under way): the child, what it printed so far, and the rest of its stdout.
-async fn demo_in_its_story() -> (Child, String, BufReader<ChildStdout>) {
+/// `demo ARGS` started with its stdout and stderr piped, its stdout read up to the first line
+/// starting with `until`: the child, what it printed so far, and the rest of its stdout.
+pub(crate) async fn demo_until(
+    args: &[&str],
+    until: &'static str,
+) -> (Child, String, BufReader<ChildStdout>) {
     let mut command = demo_command();
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = command.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let (printed, reader) = tokio::task::spawn_blocking(move || {
@@ -207,10 +213,10 @@ async fn demo_in_its_story() -> (Child, String, BufReader<ChildStdout>) {
             let mut line = String::new();
             assert!(
                 reader.read_line(&mut line).unwrap() > 0,
-                "the demo ended before its story:\n{printed}"
+                "the demo ended before a line {until:?}:\n{printed}"
             );
             printed.push_str(&line);
-            if line.starts_with("[3/10]") {
+            if line.starts_with(until) {
                 return (printed, reader);
             }
         }
@@ -220,9 +226,14 @@ async fn demo_in_its_story() -> (Child, String, BufReader<ChildStdout>) {
     (child, printed, reader)
 }
 
+/// The demo, read up to step 3: the daemon is up, the story under way.
+async fn demo_in_its_story() -> (Child, String, BufReader<ChildStdout>) {
+    demo_until(&[], "[3/10]").await
+}
+
 /// Sends `signals` to the demo, one after the other, then waits for it: its exit code, the rest
 /// of its stdout and its stderr.
-async fn signal_and_wait(
+pub(crate) async fn signal_and_wait(
     mut child: Child,
     mut reader: BufReader<ChildStdout>,
     signals: &[Signal],

@@ -54,30 +54,28 @@ async fn catalogue() -> BTreeMap<String, (String, String, Vec<String>)> {
     let schema = db.config().database.schema;
     let rows = client
         .query(
-            "SELECT i.relname::text, t.relname::text,
-                    CASE WHEN c.contype = 'p' THEN 'primary key'
-                         WHEN c.contype = 'u' THEN 'unique'
-                         ELSE 'unique index' END,
+            "WITH keys AS (
+                 SELECT i.relname AS name, x.indrelid AS rel, x.indkey::int2[] AS columns,
+                        CASE c.contype WHEN 'p' THEN 'primary key' WHEN 'u' THEN 'unique'
+                                       ELSE 'unique index' END AS kind
+                 FROM pg_index x
+                 JOIN pg_class i ON i.oid = x.indexrelid
+                 LEFT JOIN pg_constraint c
+                        ON c.conindid = x.indexrelid AND c.contype IN ('p', 'u')
+                 WHERE x.indisunique
+                 UNION ALL
+                 SELECT conname, conrelid, conkey, 'foreign key'
+                 FROM pg_constraint WHERE contype = 'f'
+             )
+             SELECT k.name::text, t.relname::text, k.kind,
                     array(SELECT a.attname::text
-                          FROM unnest(x.indkey) WITH ORDINALITY AS k(attnum, n)
-                          JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum
-                          ORDER BY k.n)
-             FROM pg_index x
-             JOIN pg_class i ON i.oid = x.indexrelid
-             JOIN pg_class t ON t.oid = x.indrelid
+                          FROM unnest(k.columns) WITH ORDINALITY AS n(attnum, position)
+                          JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = n.attnum
+                          ORDER BY n.position)
+             FROM keys k
+             JOIN pg_class t ON t.oid = k.rel
              JOIN pg_namespace s ON s.oid = t.relnamespace
-             LEFT JOIN pg_constraint c ON c.conindid = x.indexrelid AND c.contype IN ('p', 'u')
-             WHERE s.nspname = $1 AND x.indisunique
-             UNION ALL
-             SELECT c.conname::text, t.relname::text, 'foreign key',
-                    array(SELECT a.attname::text
-                          FROM unnest(c.conkey) WITH ORDINALITY AS k(attnum, n)
-                          JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum
-                          ORDER BY k.n)
-             FROM pg_constraint c
-             JOIN pg_class t ON t.oid = c.conrelid
-             JOIN pg_namespace s ON s.oid = t.relnamespace
-             WHERE s.nspname = $1 AND c.contype = 'f'",
+             WHERE s.nspname = $1",
             &[&schema],
         )
         .await
