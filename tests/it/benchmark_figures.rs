@@ -12,10 +12,10 @@
 //! `cargo test --test it benchmark_figures`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use regex::Regex;
 
+use crate::doc_samples::docs_pages;
 use crate::ops_support::repo_root;
 
 /// Figures a page states of its own (not from BENCHMARKS.md) that BENCHMARKS.md also happens to
@@ -75,16 +75,6 @@ fn from_the_end(
     sorted
 }
 
-fn pages() -> Vec<PathBuf> {
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(repo_root().join("docs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    pages.sort();
-    pages
-}
-
 fn relative(path: &std::path::Path) -> String {
     path.strip_prefix(repo_root())
         .unwrap()
@@ -104,7 +94,7 @@ fn every_quote_of_benchmarks_md_is_its_record_word_for_word() {
     let overwrite = std::env::var("SNAPSHOTS").is_ok_and(|v| v == "overwrite");
     let mut problems = Vec::new();
     let mut quoted = 0;
-    for page in pages() {
+    for page in docs_pages() {
         let mut text = std::fs::read_to_string(&page).unwrap();
         let quotes = blocks(&text, "quoted from BENCHMARKS.md: ", "end of quote: ");
         for (name, range) in from_the_end(&quotes) {
@@ -168,7 +158,7 @@ fn docs_state_no_figure_of_benchmarks_md_outside_a_quote() {
     let source = std::fs::read_to_string(repo_root().join("BENCHMARKS.md")).unwrap();
     let stated: std::collections::BTreeSet<String> = figures(&source).into_iter().collect();
     let mut problems = Vec::new();
-    for page in pages() {
+    for page in docs_pages() {
         let name = relative(&page);
         let text = std::fs::read_to_string(&page).unwrap();
         let quotes = blocks(&text, "quoted from BENCHMARKS.md: ", "end of quote: ");

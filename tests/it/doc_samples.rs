@@ -86,14 +86,19 @@ struct Block {
 /// The Markdown files checked: README.md and docs/*.md.
 fn documents() -> Vec<PathBuf> {
     let mut files = vec![repo_root().join("README.md")];
+    files.extend(docs_pages());
+    files
+}
+
+/// docs/*.md, by name.
+pub(crate) fn docs_pages() -> Vec<PathBuf> {
     let mut docs: Vec<PathBuf> = std::fs::read_dir(repo_root().join("docs"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "md"))
         .collect();
     docs.sort();
-    files.extend(docs);
-    files
+    docs
 }
 
 fn blocks_of(path: &Path) -> Vec<Block> {
