@@ -75,7 +75,8 @@ fn window_text(window: Duration) -> String {
 }
 
 /// How the demo ended (a failure is an error: no PostgreSQL server binaries, a step that did not
-/// answer as the protocol says, ...).
+/// answer as the protocol says, ...). Both end in a clean teardown; a second signal during it
+/// ends the process instead ([`GracefulStop`], status 130).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finished {
     /// The story ran through (with `keep`: and a signal ended the wait).
@@ -90,7 +91,8 @@ pub enum Finished {
 pub type Print = fn(&str) -> anyhow::Result<()>;
 
 /// Runs the demo, its story written through `print`. SIGINT/SIGTERM stop the story and tear
-/// everything down; a second signal exits at once (130), leaving whatever was not yet removed.
+/// everything down ([`Finished::Interrupted`]); a second signal exits at once (130), leaving
+/// whatever was not yet removed.
 pub async fn run(options: DemoOptions, print: Print) -> anyhow::Result<Finished> {
     let started = Instant::now();
     let mut out = Printer::new(print);
@@ -129,13 +131,16 @@ pub async fn run(options: DemoOptions, print: Print) -> anyhow::Result<Finished>
     let mut story = tokio::select! {
         biased;
         () = interrupted.cancelled() => Err(Interrupted.into()),
-        result = story(&mut out, &cluster, workdir.path(), &mut daemon, window) => result,
+        result = story(&mut out, &cluster, workdir.path(), &mut daemon, options) => result,
     };
     let story_took = started.elapsed();
+    let mut kept_for = None;
     if let (Ok(()), true, Some(d)) = (&story, options.keep, &daemon) {
         story = out.keep_notice(d, &cluster, workdir.path(), window);
         if story.is_ok() {
+            let kept_since = Instant::now();
             interrupted.cancelled().await;
+            kept_for = Some(kept_since.elapsed());
             story = out.print("\n");
         }
     }
@@ -158,9 +163,17 @@ pub async fn run(options: DemoOptions, print: Print) -> anyhow::Result<Finished>
         Err(e) => return Err(e),
         Ok(()) => {}
     }
+    // What was timed: the story; with --keep, the time the daemon then stayed up is its own.
+    let timed = match kept_for {
+        None => format!("Done in {:.1} s.", story_took.as_secs_f64()),
+        Some(kept) => format!(
+            "Done: the story took {:.1} s, then the daemon stayed up {:.0} s until the signal.",
+            story_took.as_secs_f64(),
+            kept.as_secs_f64()
+        ),
+    };
     out.done(&format!(
-        "Done in {:.1} s. The daemon was stopped with SIGTERM; the cluster ({}) and {} are removed.",
-        story_took.as_secs_f64(),
+        "{timed} The daemon was stopped with SIGTERM; the cluster ({}) and {} are removed.",
         cluster_dir.display(),
         workdir_path.display()
     ))?;
@@ -177,8 +190,9 @@ async fn story(
     cluster: &ThrowawayCluster,
     workdir: &Path,
     daemon: &mut Option<Daemon>,
-    window: Duration,
+    options: DemoOptions,
 ) -> anyhow::Result<()> {
+    let window = options.replay_window;
     let database_url = cluster.url("postgres");
     out.line(&format!(
         "PostgreSQL on 127.0.0.1:{} (binaries in {}), data in {}",
@@ -214,6 +228,10 @@ async fn story(
         "pid {}; API on {}, metrics on {}",
         d.pid, d.api, d.metrics
     ))?;
+    if options.keep {
+        // As soon as the API is up: the walkthrough can start beside the story.
+        out.line(&export_api_line(&d.api, window))?;
+    }
     out.line(&format!(
         "config {}: replay_window = \"{}\", cleanup.schedule = \"{CLEANUP_SCHEDULE}\"",
         d.config.display(),
@@ -565,6 +583,16 @@ impl Daemon {
     }
 }
 
+/// The line `--keep` prints for the README's curl walkthrough: a shell takes it whole, comment
+/// and all, when pasted.
+fn export_api_line(api: &str, window: Duration) -> String {
+    format!(
+        "export API={api}   # paste into a shell, then the README's curl walkthrough (\"The HTTP \
+         API\"; replay window {})",
+        window_text(window)
+    )
+}
+
 /// The demo daemon's configuration file.
 fn config_file(database_url: &str, api_port: u16, metrics_port: u16, window: Duration) -> String {
     let window = window_text(window);
@@ -800,12 +828,6 @@ impl Printer {
         ))?;
         self.line(&format!("metrics   {}/metrics", daemon.metrics))?;
         self.line(&format!(
-            "README    export API={}   then the curl walkthrough of \"The HTTP API\" as written \
-             (replay window {})",
-            daemon.api,
-            window_text(window)
-        ))?;
-        self.line(&format!(
             "database  psql {}   (schema tombstoned)",
             cluster.url("postgres")
         ))?;
@@ -813,6 +835,7 @@ impl Printer {
             "files     {} (configuration, tokens, daemon.log)",
             workdir.display()
         ))?;
+        self.line(&export_api_line(&daemon.api, window))?;
         self.print("Press Ctrl-C to stop the daemon and remove everything.\n")
     }
 

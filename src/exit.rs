@@ -47,9 +47,10 @@ impl Exit {
         // An exhaustive match: a new status cannot be added without its text.
         match self {
             Exit::Success => {
-                "Success (`cleanup` stopped by `--max-batches` or a signal included); also when \
-                 the reader of standard output went away (`tombstoned check-config | head -1`): \
-                 the command ends quietly."
+                "Success (`cleanup` stopped by `--max-batches` or a signal included; `demo` \
+                 stopped by a signal once, everything torn down); also when the reader of \
+                 standard output went away (`tombstoned check-config | head -1`): the command \
+                 ends quietly."
             }
             Exit::ChecksFailed => {
                 "`conformance`: at least one check failed; its `FAIL` line (with `--json`, its \
@@ -84,7 +85,8 @@ impl Exit {
                  attempted undelivered (retry scheduled, dead-lettered, or cut off by a signal)."
             }
             Exit::Interrupted => {
-                "A second SIGINT or SIGTERM arrived during a graceful stop, or (`cleanup`) one \
+                "A second SIGINT or SIGTERM arrived during a graceful stop (the demo's \
+                 teardown included: what was not yet removed is left), or (`cleanup`) one \
                  arrived before the run took its lease: exit at once, open transactions roll \
                  back in the database."
             }

@@ -67,7 +67,7 @@ json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l json -d 'Print the status as JSON'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l replay-window -d 'The daemon\'s replay window (retention.replay_window), 1s to 1h; the story waits that long for the record to expire. With --keep, e.g. 60s, long enough to follow the README\'s curl walkthrough by hand against the daemon left running' -r
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l config -d 'Refused (exit 64): the demo writes its own configuration' -r -F
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l keep -d 'Leave the throwaway cluster and daemon running at the end (until Ctrl-C)'

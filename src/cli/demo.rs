@@ -5,8 +5,9 @@ use crate::demo::{DemoOptions, Finished};
 use crate::exit::Exit;
 use crate::stdout;
 
-/// Runs the demo, its story on standard output: 0 when the story ran through, 130 when a signal
-/// interrupted it.
+/// Runs the demo, its story on standard output: 0 when the story ran through, and 0 when a
+/// signal stopped it and everything was torn down (its last line says which). Only a second
+/// signal, which cuts the teardown short, ends it with 130 ([`crate::signals`]).
 pub(super) async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
     let options = DemoOptions {
         keep: args.keep,
@@ -14,7 +15,7 @@ pub(super) async fn run(args: DemoArgs) -> anyhow::Result<Exit> {
     };
     let print = |text: &str| Ok(stdout::print(text)?);
     Ok(match crate::demo::run(options, print).await? {
-        Finished::Completed => Exit::Success,
-        Finished::Interrupted => Exit::Interrupted,
+        // A clean teardown, like `serve` after SIGTERM: nothing is left behind.
+        Finished::Completed | Finished::Interrupted => Exit::Success,
     })
 }

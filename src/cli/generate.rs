@@ -123,6 +123,30 @@ pub fn exit_status_markdown() -> String {
     table
 }
 
+/// The exit statuses as `tombstoned --help` ends with them: one entry per [`Exit::ALL`] with
+/// [`Exit::meaning`] (its code spans plain, as on the man page), wrapped to 100 columns.
+pub fn exit_status_help() -> String {
+    const WIDTH: usize = 100;
+    const INDENT: &str = "       ";
+    let mut text = String::from("Exit status:\n");
+    for exit in Exit::ALL {
+        let mut line = format!("  {:<4} ", exit.code());
+        for word in exit.meaning().replace('`', "").split_whitespace() {
+            if line.len() + 1 + word.len() > WIDTH && line.len() > INDENT.len() {
+                text.push_str(line.trim_end());
+                text.push('\n');
+                line = INDENT.to_owned();
+            } else if line.len() > INDENT.len() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text
+}
+
 /// `text` with the lines between its markers replaced by [`exit_status_markdown`]; `None` when
 /// the markers are missing or out of order.
 pub fn with_exit_table(text: &str) -> Option<String> {

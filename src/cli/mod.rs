@@ -29,7 +29,8 @@ use crate::stdout::{self, StdoutError};
 
 /// tombstoned: idempotency records that stay honest over time.
 #[derive(Debug, Parser)]
-#[command(name = "tombstoned", version, about, long_about = None)]
+#[command(name = "tombstoned", version, about, long_about = None,
+          after_help = generate::exit_status_help())]
 pub struct Cli {
     /// Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply.
     #[arg(long, global = true, env = "TOMBSTONED_CONFIG", value_name = "PATH")]
@@ -141,6 +142,13 @@ pub struct DemoArgs {
     /// curl walkthrough by hand against the daemon left running.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = demo_window)]
     pub replay_window: std::time::Duration,
+    // The global `--config`, hidden here: an argument of the demo's own with the same id keeps
+    // clap from copying the global one into the demo's help and man page (the completions list
+    // hidden flags too). Its value is the global one's, TOMBSTONED_CONFIG included, so the
+    // refusal reads `Cli::config_on_command_line`, not this.
+    /// Refused (exit 64): the demo writes its own configuration.
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
 }
 
 /// `demo --replay-window`: a humantime duration from 1 s to 1 h.

@@ -418,6 +418,40 @@ fn outbox_requeue_without_a_target_names_both_options() {
     assert!(stderr.contains("cannot be used with"), "{stderr}");
 }
 
+/// `tombstoned --help` ends with every exit status and its meaning, rendered from `exit::Exit`
+/// like the man page's EXIT STATUS and the README's table (issue 42, friction); `demo --help`
+/// no longer lists the `--config` the demo refuses, which still exits 64.
+#[test]
+fn help_names_the_exit_statuses_and_demo_help_hides_config() {
+    let help = |args: &[&str]| {
+        let out = Command::new(binary())
+            .args(args)
+            .env_clear()
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = help(&["--help"]);
+    let statuses = text
+        .split("\nExit status:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no exit statuses after the options:\n{text}"));
+    let flowing = statuses.split_whitespace().collect::<Vec<_>>().join(" ");
+    for exit in tombstoned::exit::Exit::ALL {
+        let meaning = exit.meaning().replace('`', "");
+        let meaning = meaning.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flowing.contains(&format!("{} {meaning}", exit.code())),
+            "{} missing or different:\n{statuses}",
+            exit.code()
+        );
+    }
+    assert!(statuses.lines().all(|l| l.len() <= 100), "{statuses}");
+    #[cfg(feature = "demo")]
+    assert!(!help(&["demo", "--help"]).contains("--config"));
+}
+
 /// `migrate` on a current schema: PostgreSQL's NOTICEs ("schema ... already exists, skipping")
 /// are logged at DEBUG, not INFO, and a JSON line carries no source path of the build machine
 /// (the driver's own `log` record did, through the log bridge) (issue 27, friction).

@@ -1,60 +1,55 @@
 //! `demo --keep --replay-window D` leaves a daemon whose replay window is D, and says how to
 //! point the README's curl walkthrough at it (issue 27, friction: the walkthrough needs a window
-//! long enough to follow by hand).
+//! long enough to follow by hand): a line a shell takes whole, as soon as the daemon is up
+//! (issue 42); its last line says what was timed.
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
-
-use crate::harness::binary;
 
 #[tokio::test]
 async fn demo_keep_runs_the_daemon_with_the_replay_window_asked_for() {
-    let mut command = Command::new(binary());
-    command
-        .args(["demo", "--keep", "--replay-window", "3s"])
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    if let Some(bin) = std::env::var_os("TOMBSTONED_PG_BIN") {
-        command.env("TOMBSTONED_PG_BIN", bin);
-    }
-    let mut child = command.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    // Read up to the keep notice's last line (the story ran through) off the runtime.
-    let (printed, stdout) = tokio::task::spawn_blocking(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut printed = String::new();
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap() == 0 {
-                break;
-            }
-            printed.push_str(&line);
-            if line.starts_with("Press Ctrl-C") {
-                break;
-            }
-        }
-        (printed, reader)
-    })
-    .await
-    .unwrap();
+    // Up to the keep notice's last line: the story ran through.
+    let (child, printed, stdout) =
+        crate::demo::demo_until(&["--keep", "--replay-window", "3s"], "Press Ctrl-C").await;
     assert!(
         printed.contains("(3s replay window, cleanup every 2 s)"),
         "{printed}"
     );
     assert!(printed.contains("replay_window = \"3s\""), "{printed}");
-    let api = printed
+    // The `export API=` line comes as soon as the daemon is up, before the story's first request
+    // (issue 42), and again in the keep notice; each is a line a shell takes whole.
+    let exports: Vec<(usize, &str)> = printed
         .lines()
-        .find_map(|l| l.trim_start().strip_prefix("README    export API="))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no `export API=` line:\n{printed}"))
-        .to_owned();
+        .enumerate()
+        .filter(|(_, l)| l.trim_start().starts_with("export API="))
+        .collect();
+    let story_starts = printed
+        .lines()
+        .position(|l| l.starts_with("[3/10]"))
+        .unwrap_or_else(|| panic!("no step 3:\n{printed}"));
+    assert!(
+        exports.len() == 2 && exports[0].0 < story_starts && exports[1].0 > story_starts,
+        "one `export API=` line before step 3 and one in the notice:\n{printed}"
+    );
+    let pasted = |line: &str| {
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!("{line}\nprintf %s \"$API\""))
+            .env_clear()
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{line}: {out:?}"
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let api = pasted(exports[0].1);
+    assert!(api.starts_with("http://127.0.0.1:"), "{api}");
+    assert_eq!(pasted(exports[1].1), api);
 
     // The walkthrough's first step, with a key of its own, against the kept daemon.
     let key = format!("demo-keep-{}", std::process::id());
@@ -88,19 +83,15 @@ async fn demo_keep_runs_the_daemon_with_the_replay_window_asked_for() {
         "{status}"
     );
 
-    kill(
-        Pid::from_raw(i32::try_from(child.id()).unwrap()),
-        Signal::SIGINT,
-    )
-    .unwrap();
-    let (exit, rest) = tokio::task::spawn_blocking(move || {
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut stdout.into_inner(), &mut rest).unwrap();
-        (child.wait().unwrap(), rest)
-    })
-    .await
-    .unwrap();
-    assert_eq!(exit.code(), Some(0), "{rest}");
+    let (code, rest, stderr) = crate::demo::signal_and_wait(child, stdout, &[Signal::SIGINT]).await;
+    assert_eq!(code, Some(0), "{rest}\n{stderr}");
+    // What was timed: the story, then the time the daemon stayed up, each named.
+    assert!(
+        rest.contains("Done: the story took ")
+            && rest.contains(" s, then the daemon stayed up ")
+            && rest.contains(" s until the signal."),
+        "{rest}"
+    );
     // Gone with the demo.
     assert!(
         tokio::time::timeout(

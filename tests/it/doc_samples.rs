@@ -12,9 +12,11 @@
 //!   block after `<!-- sample: webhook -->` is compared with what a listener of this file
 //!   receives from `tombstoned outbox deliver` (headers as sent, in their order).
 //! - Compared: the command's stdout; when it exits non-zero, its stdout and then its stderr.
-//!   Commands run with `bash -c` in the repository root, the `tombstoned` under test first on
-//!   `PATH`, and only the group's environment. `/etc/tombstoned/tombstoned.toml` in a command
-//!   stands for `config/tombstoned.toml`, the file the package installs there.
+//!   Commands run with `bash -c` in the repository root (the HTTP walkthrough: in a scratch
+//!   directory, where its files go), the `tombstoned` under test first on `PATH`, and only the
+//!   group's environment — which, as in a reader's shell, keeps what a command `export`s for
+//!   the group's later commands (the walkthrough's `ORDER_ID`). `/etc/tombstoned/tombstoned.toml`
+//!   in a command stands for `config/tombstoned.toml`, the file the package installs there.
 //! - Volatile parts: UUIDs, RFC 3339 times and `127.0.0.1` ports are matched as any UUID, time or
 //!   port on both sides, so the samples keep real values; anything else volatile (durations,
 //!   process ids, temporary paths) is written `[..]` (any text within a line), and `...` alone on
@@ -85,14 +87,19 @@ struct Block {
 /// The Markdown files checked: README.md and docs/*.md.
 fn documents() -> Vec<PathBuf> {
     let mut files = vec![repo_root().join("README.md")];
+    files.extend(docs_pages());
+    files
+}
+
+/// docs/*.md, by name.
+pub(crate) fn docs_pages() -> Vec<PathBuf> {
     let mut docs: Vec<PathBuf> = std::fs::read_dir(repo_root().join("docs"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "md"))
         .collect();
     docs.sort();
-    files.extend(docs);
-    files
+    docs
 }
 
 fn blocks_of(path: &Path) -> Vec<Block> {
@@ -212,6 +219,10 @@ fn redactions() -> &'static Redactions {
 /// Where a group's commands run.
 struct Shell {
     env: BTreeMap<String, String>,
+    /// The working directory of every command.
+    dir: PathBuf,
+    /// Holds the file each command writes its exported environment to.
+    scratch: tempfile::TempDir,
     /// Text of a command replaced before it runs.
     substitutions: Vec<(String, String)>,
     failures: Vec<String>,
@@ -226,6 +237,8 @@ impl Shell {
         vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         Shell {
             env: vars,
+            dir: repo_root().to_owned(),
+            scratch: tempfile::tempdir().unwrap(),
             substitutions: vec![(
                 "/etc/tombstoned/tombstoned.toml".to_owned(),
                 "config/tombstoned.toml".to_owned(),
@@ -234,31 +247,41 @@ impl Shell {
         }
     }
 
-    fn set(&mut self, name: &str, value: &str) {
-        self.env.insert(name.to_owned(), value.to_owned());
-    }
-
-    fn output(&self, command: &str) -> Output {
+    /// Runs `command`; what it exported (a variable set or changed) stays for the next ones.
+    fn output(&mut self, command: &str) -> Output {
         let mut command = command.to_owned();
         for (from, to) in &self.substitutions {
             command = command.replace(from, to);
         }
-        Command::new("bash")
+        let exported = self.scratch.path().join("exported");
+        let output = Command::new("bash")
             .arg("-c")
-            .arg(&command)
+            .arg(format!(
+                "{command}\nstatus=$?\nenv -0 >\"$0\"\nexit $status"
+            ))
+            .arg(&exported)
             .env_clear()
             .envs(&self.env)
-            .current_dir(repo_root())
+            .current_dir(&self.dir)
             .output()
-            .unwrap()
+            .unwrap();
+        let environment = std::fs::read(&exported).unwrap_or_default();
+        for entry in String::from_utf8_lossy(&environment).split('\0') {
+            // bash's own variables, which every command gets afresh.
+            if let Some((name, value)) = entry.split_once('=') {
+                if !["_", "PWD", "OLDPWD", "SHLVL"].contains(&name) {
+                    self.env.insert(name.to_owned(), value.to_owned());
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&exported);
+        output
     }
 
-    /// Runs every command of `block` and compares; returns what each printed.
-    async fn run(&mut self, block: &Block) -> Vec<String> {
-        let mut printed = Vec::new();
+    /// Runs every command of `block` and compares.
+    async fn run(&mut self, block: &Block) {
         for (command, expected) in commands(&block.body) {
-            let this = &*self;
-            let output = tokio::task::block_in_place(|| this.output(&command));
+            let output = tokio::task::block_in_place(|| self.output(&command));
             let mut actual = String::from_utf8_lossy(&output.stdout).into_owned();
             if !output.status.success() {
                 actual.push_str(&String::from_utf8_lossy(&output.stderr));
@@ -271,9 +294,7 @@ impl Shell {
                     String::from_utf8_lossy(&output.stderr)
                 ));
             }
-            printed.push(actual);
         }
-        printed
     }
 
     fn finish(self) {
@@ -373,16 +394,28 @@ async fn the_demo_sample_is_what_the_demo_prints() {
 }
 
 /// The HTTP walkthrough against `tombstoned serve`: `API` and `RUN` as the README sets them,
-/// `ORDER_ID` from the first answer's `location`. `after-expiry`: the record's window ends and a
-/// `tombstoned cleanup` run tombstones it (instead of waiting the window out).
+/// in a scratch directory (the first answer's headers file goes there); `ORDER_ID` is what the
+/// README's own `export` line takes from that file (issue 42 item 5). `after-expiry`: the
+/// record's window ends and a `tombstoned cleanup` run tombstones it (instead of waiting the
+/// window out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_walkthrough_is_what_the_daemon_answers() {
     let db = TestDb::new().await;
     let daemon =
         Daemon::start(Spec::new(&db.url).config("[retention]\nreplay_window = \"60s\"")).await;
     let mut shell = Shell::new(&[("API", &daemon.api), ("RUN", DOC_RUN)]);
+    let scratch = tempfile::tempdir().unwrap();
+    shell.dir = scratch.path().to_owned();
     let client = db.client().await;
     for block in samples("http") {
+        if block.body.contains("$ORDER_ID") && !block.body.contains("export ORDER_ID=") {
+            assert!(
+                shell.env.contains_key("ORDER_ID"),
+                "{}:{}: uses $ORDER_ID, which no earlier sample exported",
+                block.file,
+                block.line
+            );
+        }
         if step(&block) == Some("after-expiry") {
             client
                 .execute(
@@ -402,14 +435,7 @@ async fn the_http_walkthrough_is_what_the_daemon_answers() {
             });
             assert!(cleanup.status.success(), "{cleanup:?}");
         }
-        for printed in shell.run(&block).await {
-            if let Some(id) = printed
-                .lines()
-                .find_map(|l| l.strip_prefix("location: /v1/orders/"))
-            {
-                shell.set("ORDER_ID", id.trim());
-            }
-        }
+        shell.run(&block).await;
     }
     shell.finish();
 }
@@ -610,7 +636,7 @@ async fn the_webhook_sample_is_what_the_relay_sends() {
     let received = tokio::spawn(receive_one(listener));
     let (_secret_dir, secret) = secret_file();
     let secret = secret.display().to_string();
-    let shell = Shell::new(&[
+    let mut shell = Shell::new(&[
         ("TOMBSTONED_DATABASE_URL", &db.url),
         ("TOMBSTONED_OUTBOX__ENDPOINT", &endpoint),
         ("TOMBSTONED_OUTBOX__SECRET_FILE", &secret),

@@ -188,3 +188,76 @@ fn the_command_synopsis_names_every_flag_of_every_command() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The command of a ```` ```sh ```` line: its text before a `#` comment, with the `NAME=value`
+/// words before it (the environment it runs with) left out.
+fn command_of(line: &str) -> String {
+    let words = line
+        .split('#')
+        .next()
+        .unwrap_or_default()
+        .split_whitespace();
+    words
+        .skip_while(|w| {
+            w.split_once('=').is_some_and(|(name, _)| {
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The first ```` ```sh ```` block of `section`, line by line.
+fn sh_block(section: &str) -> Vec<&str> {
+    section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .unwrap_or_else(|| panic!("no ```sh block in:\n{section}"))
+        .lines()
+        .collect()
+}
+
+/// The quick start's test command and the Development section's are the command `.ci/run` runs
+/// the suite with (issue 42 item 0): one script that sets a fresh Debian/Ubuntu machine up and
+/// runs the whole suite, so a newcomer's run is CI's. `.ci/run` also takes its package install
+/// from the same script (`--setup-only`).
+#[test]
+fn the_readme_test_command_is_the_one_ci_runs() {
+    let text = readme();
+    let quick_start: Vec<String> = sh_block(section(&text, "## Quick start"))
+        .into_iter()
+        .map(command_of)
+        .filter(|c| !c.starts_with("cargo run"))
+        .collect();
+    let [test_command] = quick_start.as_slice() else {
+        panic!("the quick start should have one test command besides the demo: {quick_start:?}");
+    };
+    let development = command_of(sh_block(section(&text, "## Development"))[0]);
+    assert_eq!(&development, test_command, "Development's first command");
+
+    let ci = std::fs::read_to_string(repo_root().join(".ci/run")).unwrap();
+    let script = test_command.split_whitespace().next().unwrap_or_default();
+    let runs: Vec<String> = ci
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#') && !l.trim_start().starts_with("step "))
+        .map(command_of)
+        .filter(|c| c.split_whitespace().next() == Some(script))
+        .collect();
+    assert_eq!(
+        runs,
+        [format!("{script} --setup-only"), test_command.clone()],
+        ".ci/run sets up with the README's script, then runs the suite with exactly its command"
+    );
+
+    let path = repo_root().join(script);
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+    assert!(mode & 0o111 != 0, "{script} is not executable");
+    let body = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        body.lines()
+            .any(|l| l.trim() == "exec cargo test --locked \"$@\""),
+        "{script} no longer ends in the whole suite"
+    );
+}
