@@ -22,7 +22,9 @@
 //!   [`ops`] — the metrics/health listener, readiness, the watchdog policy and the sd_notify
 //!   transport; [`outbox`] — the relay that delivers `outbox_events` as signed webhooks, at least
 //!   once, in order per order, with dead letters and requeue; [`status`] — what `tombstoned
-//!   status` reads (lease, run history, backlog, lag) in one read-only snapshot;
+//!   status` reads (lease, run history, backlog, lag) in one read-only snapshot; [`operations`] —
+//!   which database role may use which operation of the SQL API (grants, their audit, the
+//!   transitional grants of an upgrade);
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
 //!   one error text, shared statements, [`db::migrations`], its own `[database]` section
 //!   ([`db::settings`]); [`config`] — the configuration validated into typed values, one file
@@ -65,6 +67,7 @@ pub mod instance;
 pub(crate) mod lookup;
 pub mod metrics;
 pub mod money;
+pub mod operations;
 pub mod ops;
 pub mod order_request;
 pub mod outbox;

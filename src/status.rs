@@ -1,6 +1,7 @@
 //! What `tombstoned status` reads from the configured database, in one READ ONLY snapshot: the
 //! cleanup lease, the run history, the backlog, record counts (estimates), replication lag per
-//! standby and the outbox backlog — and the health verdict a monitoring check needs
+//! standby, the outbox backlog and the roles still holding a transitional grant of the SQL API's
+//! operations — and the health verdict a monitoring check needs
 //! ([`StatusReport::stale`]). Nothing here prints; `src/cli/status.rs` renders it.
 
 use std::time::Duration;
@@ -128,6 +129,10 @@ pub struct StatusReport {
     pub replication: Replication,
     /// The outbox backlog; `None` when the schema has no outbox relay columns.
     pub outbox: Option<OutboxBacklog>,
+    /// The roles still holding the transitional grant of every operation but `create-order`
+    /// (from the upgrade to V8; [`crate::operations`]); `None` when this role may not read the
+    /// grants.
+    pub transitional_grants: Option<Vec<String>>,
 }
 
 impl StatusReport {
@@ -335,6 +340,15 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
         None
     };
 
+    let transitional_grants = match crate::operations::transitional(client)
+        .await
+        .map_err(read_error("the operation grants"))?
+    {
+        crate::operations::Transitional::Roles(roles) => Some(roles),
+        crate::operations::Transitional::NotInstalled
+        | crate::operations::Transitional::NotVisible => None,
+    };
+
     let api_version = crate::sql_api::schema_version(client)
         .await
         .map_err(|source| StatusError::Read {
@@ -354,5 +368,6 @@ async fn read_in(client: &Conn<'_>, schema: &str) -> Result<StatusReport, Status
         records,
         replication: Replication { visible, standbys },
         outbox,
+        transitional_grants,
     })
 }

@@ -58,8 +58,8 @@ fn sqlstate(e: &tokio_postgres::Error) -> &str {
     e.code().map_or("(none)", SqlState::code)
 }
 
-/// A role with exactly the README's two GRANTs (and its own business table, `shop.payments`,
-/// with a unique business id), and a session of it.
+/// A role with exactly the README's two GRANTs and its operation (and its own business table,
+/// `shop.payments`, with a unique business id), and a session of it.
 struct Service {
     client: Client,
     role: String,
@@ -85,6 +85,8 @@ impl Service {
             ))
             .await
             .unwrap();
+        // Its operation, as the README has the operator grant it (issue 36).
+        crate::operations_support::grant(db, OPERATION, &role).await;
         let client = Service::connect(db, &role).await;
         Service { client, role }
     }

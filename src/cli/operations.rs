@@ -1,0 +1,192 @@
+//! `tombstoned operations grant|revoke|list`: which database role may use which operation of the
+//! SQL API — the arguments, the output and the exit statuses. Run with the configuration of the
+//! role that ran `migrate` (the owner of the grants). The work is `crate::operations`'.
+//!
+//! Exit statuses beyond the common ones: 64 for a role that does not exist, `create-order`
+//! without `--force`, `grant '*'`, or a role that may not change the grants.
+
+use std::fmt::Write as _;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use clap::Subcommand;
+
+use crate::config::Config;
+use crate::exit::Exit;
+use crate::operations::{self, GrantOutcome, Listing, Operation, RevokeOutcome};
+use crate::stdout;
+
+/// `tombstoned operations <command>`
+#[derive(Debug, Subcommand)]
+pub enum OperationsCommand {
+    /// Let ROLE (and every role that is a member of it) claim, complete and look up keys in
+    /// OPERATION, and enqueue events. Recorded with who and when.
+    Grant {
+        /// The operation: the third part of a scope, as the role passes it to claim().
+        #[arg(value_name = "OPERATION")]
+        operation: String,
+        /// The database role.
+        #[arg(value_name = "ROLE")]
+        role: String,
+        /// Needed for create-order, the operation of tombstoned's own endpoint, reserved to the
+        /// daemon's role.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Take OPERATION away from ROLE ('*': the transitional grant of every operation but
+    /// create-order that the upgrade to schema V8 gave). Effective from the role's next
+    /// transaction, on connections already open too. Recorded with who and when.
+    Revoke {
+        /// The operation, or '*'.
+        #[arg(value_name = "OPERATION")]
+        operation: String,
+        /// The database role (or, for a role dropped since, its OID as `list` shows it).
+        #[arg(value_name = "ROLE")]
+        role: String,
+    },
+    /// The grants in force and the history of every change.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs one `tombstoned operations` command.
+pub(super) async fn run(config: &Config, command: &OperationsCommand) -> anyhow::Result<Exit> {
+    let context = match command {
+        OperationsCommand::Grant { .. } => "cannot grant the operation",
+        OperationsCommand::Revoke { .. } => "cannot revoke the operation",
+        OperationsCommand::List { .. } => "cannot list the operations",
+    };
+    // The command's usage errors first: nothing is asked of the database for them.
+    let operation = match command {
+        OperationsCommand::Grant { operation, .. } | OperationsCommand::Revoke { operation, .. } => {
+            Some(Operation::parse(operation).context(context)?)
+        }
+        OperationsCommand::List { .. } => None,
+    };
+    let session = super::connect_current(&config.database, "operations", context).await?;
+    let conn = session.conn();
+    match (command, operation) {
+        (OperationsCommand::Grant { role, force, .. }, Some(operation)) => {
+            let done = match operations::grant(&conn, &operation, role, *force)
+                .await
+                .context(context)?
+            {
+                GrantOutcome::Granted => format!("granted {operation} to role \"{role}\"\n"),
+                GrantOutcome::AlreadyHeld => {
+                    format!("role \"{role}\" already holds {operation}; nothing changed\n")
+                }
+            };
+            stdout::print(&done)?;
+        }
+        (OperationsCommand::Revoke { role, .. }, Some(operation)) => {
+            let done = match operations::revoke(&conn, &operation, role)
+                .await
+                .context(context)?
+            {
+                RevokeOutcome::Revoked => format!("revoked {operation} from role \"{role}\"\n"),
+                RevokeOutcome::NotHeld => {
+                    format!("role \"{role}\" does not hold {operation}; nothing changed\n")
+                }
+            };
+            stdout::print(&done)?;
+        }
+        (OperationsCommand::List { json }, _) => {
+            let listing = operations::list(&conn).await.context(context)?;
+            if *json {
+                stdout::print(&format!("{}\n", serde_json::to_string_pretty(&listing)?))?;
+            } else {
+                stdout::print(&render(&listing))?;
+            }
+        }
+        (OperationsCommand::Grant { .. } | OperationsCommand::Revoke { .. }, None) => {
+            unreachable!("parsed above")
+        }
+    }
+    Ok(Exit::Success)
+}
+
+fn timestamp(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Rows of cells as aligned columns (the last one unpadded), two spaces apart.
+fn columns(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len))
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::from(" ");
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                let _ = write!(line, " {cell}");
+            } else {
+                let _ = write!(line, " {cell:<width$}", width = widths[i]);
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out
+}
+
+/// The human listing: the grants in force, then the history.
+pub(crate) fn render(listing: &Listing) -> String {
+    let mut out = String::new();
+    if listing.grants.is_empty() {
+        let _ = writeln!(out, "grants: none");
+    } else {
+        let _ = writeln!(out, "grants:");
+        let mut rows = vec![["operation", "role", "granted", "by", "note"]
+            .map(str::to_owned)
+            .to_vec()];
+        for g in &listing.grants {
+            let mut note = g.note.clone().unwrap_or_default();
+            if g.forced {
+                note = format!("--force {note}").trim_end().to_owned();
+            }
+            if !g.role_exists {
+                note = format!("(role dropped) {note}").trim_end().to_owned();
+            }
+            rows.push(vec![
+                g.operation.clone(),
+                g.role.clone(),
+                timestamp(g.granted_at),
+                g.granted_by.clone(),
+                note,
+            ]);
+        }
+        out.push_str(&columns(&rows));
+    }
+    if listing.changes.is_empty() {
+        let _ = writeln!(out, "changes: none");
+    } else {
+        let _ = writeln!(out, "changes, oldest first:");
+        let mut rows = vec![["at", "by", "action", "operation", "role"]
+            .map(str::to_owned)
+            .to_vec()];
+        for c in &listing.changes {
+            let role = if c.forced {
+                format!("{} (--force)", c.role)
+            } else {
+                c.role.clone()
+            };
+            rows.push(vec![
+                timestamp(c.changed_at),
+                c.changed_by.clone(),
+                c.action.clone(),
+                c.operation.clone(),
+                role,
+            ]);
+        }
+        out.push_str(&columns(&rows));
+    }
+    out
+}

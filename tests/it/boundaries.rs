@@ -1,0 +1,382 @@
+//! Service boundaries in the SQL API (issue 36), with real roles on a real PostgreSQL: two
+//! service roles with the documented grants, each granted its own operation through
+//! `tombstoned operations grant`, each confined to it — refused (42501, nothing written, nothing
+//! revealed) on the other's operation, on `create-order`, on every internal and endpoint
+//! function and on every table; directly, through PgBouncer in transaction mode and after SET
+//! ROLE. Then revoke on an open pooled connection, the command's refusals and audit, events
+//! that name their sender inside the signed webhook body, and the transitional grants `status`
+//! and `check-config` report.
+
+use std::collections::BTreeMap;
+
+use tokio_postgres::Client;
+
+use crate::harness::TestDb;
+use crate::operations_support::{
+    claim_sql, complete_sql, connect, create, grant, literal, lookup_sql, message, must,
+    operations_cli, service_role, session_as, sqlstate, value,
+};
+use crate::pooler_support::{PgBouncer, PoolMode};
+
+/// The two services' operations.
+const OP_A: &str = "create-payment";
+const OP_B: &str = "create-refund";
+/// The SQL API: what the documented grants are for.
+const API: &[&str] = &[
+    "api_version",
+    "claim",
+    "complete",
+    "enqueue_event",
+    "fingerprint",
+    "lookup",
+];
+
+/// Every table's content, by name (a digest of its rows): what "nothing written" compares.
+async fn snapshot(admin: &Client) -> BTreeMap<String, String> {
+    let tables: Vec<String> = admin
+        .query(
+            "SELECT c.relname::text FROM pg_class c
+             WHERE c.relnamespace = 'tombstoned'::regnamespace AND c.relkind IN ('r', 'p')
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut out = BTreeMap::new();
+    for table in tables {
+        let digest: String = admin
+            .query_one(
+                &format!(
+                    "SELECT count(*) || ':' || coalesce(md5(string_agg(t::text, ',' \
+                     ORDER BY t::text)), '') FROM tombstoned.{table} AS t"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        out.insert(table, digest);
+    }
+    out
+}
+
+/// `sql` fails on `client` with 42501 (or `expected`); its message.
+async fn refused_with(client: &Client, sql: &str, expected: &str, label: &str) -> String {
+    match value(client, sql).await {
+        Ok(v) => panic!("{label}: {sql} was not refused: {v:?}"),
+        Err(e) => {
+            assert_eq!(sqlstate(&e), expected, "{label}: {sql}: {e:?}");
+            message(&e)
+        }
+    }
+}
+
+/// Every function of the schema but the API's, each called with NULL arguments of its types,
+/// and whether it is a trigger function (which PostgreSQL refuses to call directly).
+async fn internal_calls(admin: &Client) -> Vec<(String, bool)> {
+    admin
+        .query(
+            "SELECT format('SELECT tombstoned.%I(%s)', p.proname,
+                           coalesce((SELECT string_agg('NULL::' || format_type(t, NULL), ', '
+                                                       ORDER BY o)
+                                     FROM unnest(p.proargtypes) WITH ORDINALITY AS a(t, o)),
+                                    '')),
+                    p.prorettype = 'trigger'::regtype
+             FROM pg_proc p
+             WHERE p.pronamespace = 'tombstoned'::regnamespace
+               AND p.proname <> ALL ($1)
+             ORDER BY p.proname",
+            &[&API],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Every statement a role could try on the schema's relations: each table read, written,
+/// emptied; each view read; each sequence advanced.
+async fn relation_statements(admin: &Client) -> Vec<String> {
+    let rows = admin
+        .query(
+            "SELECT c.relname::text, c.relkind::text,
+                    (SELECT a.attname::text FROM pg_attribute a
+                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                       AND a.attidentity = '' AND a.attgenerated = ''
+                     ORDER BY a.attnum LIMIT 1)
+             FROM pg_class c
+             WHERE c.relnamespace = 'tombstoned'::regnamespace
+               AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut statements = Vec::new();
+    for row in rows {
+        let (name, kind, column): (String, String, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        let t = format!("tombstoned.{name}");
+        match kind.as_str() {
+            "S" => {
+                statements.push(format!("SELECT nextval('{t}')"));
+                statements.push(format!("SELECT last_value FROM {t}"));
+            }
+            "v" | "m" => statements.push(format!("SELECT * FROM {t} LIMIT 1")),
+            _ => {
+                let column = column.unwrap();
+                statements.extend([
+                    format!("SELECT * FROM {t} LIMIT 1"),
+                    format!("INSERT INTO {t} DEFAULT VALUES"),
+                    format!("UPDATE {t} SET {column} = {column}"),
+                    format!("DELETE FROM {t}"),
+                    format!("TRUNCATE {t}"),
+                ]);
+            }
+        }
+    }
+    statements
+}
+
+/// The whole refusal: `client` (logged in as `login`) on another service's operation and key
+/// (and on a key nobody used), on `create-order`, on every internal and endpoint function and on
+/// every table: 42501 each time, the same message whether the key exists or not, and no table
+/// changed by any of it.
+async fn assert_confined(
+    label: &str,
+    admin: &Client,
+    client: &Client,
+    login: &str,
+    foreign_operation: &str,
+    foreign_key: &str,
+) {
+    let before = snapshot(admin).await;
+    for operation in [foreign_operation, "create-order"] {
+        let expected = format!("role \"{login}\" may not use operation \"{operation}\"");
+        for key in [foreign_key, "a-key-nobody-used"] {
+            // The foreign key's own intent (1) and another (2): no answer tells them apart.
+            for n in [1, 2] {
+                for sql in [
+                    claim_sql(operation, key, n),
+                    lookup_sql(operation, key, n),
+                    complete_sql(operation, key),
+                ] {
+                    let said = refused_with(client, &sql, "42501", label).await;
+                    assert_eq!(said, expected, "{label}: {sql}");
+                }
+            }
+        }
+        // Inside a transaction too, where the claim would have been the owner's first step.
+        must(client, "BEGIN").await;
+        refused_with(client, &claim_sql(operation, "in-a-transaction", 1), "42501", label).await;
+        must(client, "ROLLBACK").await;
+    }
+    for (call, trigger) in internal_calls(admin).await {
+        // A trigger function cannot be called at all (0A000); the others refuse the role.
+        let expected = if trigger { "0A000" } else { "42501" };
+        refused_with(client, &call, expected, label).await;
+    }
+    for statement in relation_statements(admin).await {
+        refused_with(client, &statement, "42501", label).await;
+    }
+    assert_eq!(snapshot(admin).await, before, "{label}: something was written");
+}
+
+/// Two services on one database, each with its operation granted through the command.
+struct Services {
+    db: TestDb,
+    admin: Client,
+    a: String,
+    b: String,
+}
+
+impl Services {
+    async fn start() -> Services {
+        let db = TestDb::new().await;
+        let admin = db.client().await;
+        let (a, b) = (format!("svc_a_{}", db.name), format!("svc_b_{}", db.name));
+        for (role, operation) in [(&a, OP_A), (&b, OP_B)] {
+            service_role(&admin, role).await;
+            let run = operations_cli(&db, &["grant", operation, role]).await;
+            assert_eq!(run.code, Some(0), "{}", run.stderr);
+            assert_eq!(
+                run.stdout,
+                format!("granted operation \"{operation}\" to role \"{role}\"\n")
+            );
+        }
+        Services { db, admin, a, b }
+    }
+}
+
+/// Each service completes its own flow — claim, event, complete, commit; the retry replays, a
+/// lookup answers — and is refused everything else, directly and after SET ROLE.
+#[tokio::test]
+async fn each_service_reaches_only_its_own_operation() {
+    let s = Services::start().await;
+    let a = session_as(&s.db, &s.a).await;
+    let b = session_as(&s.db, &s.b).await;
+    for (client, operation) in [(&a, OP_A), (&b, OP_B)] {
+        create(client, operation, "k-1").await;
+        assert_eq!(
+            must(client, &claim_sql(operation, "k-1", 1)).await.as_deref(),
+            Some("replay")
+        );
+        assert_eq!(
+            must(client, &lookup_sql(operation, "k-1", 1)).await.as_deref(),
+            Some("replay")
+        );
+        assert_eq!(
+            must(client, &claim_sql(operation, "k-1", 2)).await.as_deref(),
+            Some("key_reused")
+        );
+    }
+    // Both used the same tenant, principal and key: two records, one per operation.
+    let records: i64 = s
+        .admin
+        .query_one(
+            "SELECT count(*) FROM idempotency_cards WHERE idempotency_key = 'k-1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(records, 2);
+
+    assert_confined("b on a's", &s.admin, &b, &s.b, OP_A, "k-1").await;
+    assert_confined("a on b's", &s.admin, &a, &s.a, OP_B, "k-1").await;
+
+    // SET ROLE changes the role privileges are checked as, not the one logged in: b, acting as
+    // a group role with the same documented grants, keeps its own operation and nothing else.
+    let group = format!("grp_{}", s.db.name);
+    s.admin
+        .batch_execute(&format!(
+            "CREATE ROLE {group} NOLOGIN; GRANT {group} TO {}; {}",
+            s.b,
+            crate::clients_support::documented_grants("tombstoned", &group)
+        ))
+        .await
+        .unwrap();
+    let b_as_group = session_as(&s.db, &s.b).await;
+    must(&b_as_group, &format!("SET ROLE {group}")).await;
+    create(&b_as_group, OP_B, "k-set-role").await;
+    assert_confined("b after SET ROLE", &s.admin, &b_as_group, &s.b, OP_A, "k-1").await;
+}
+
+/// The same refusals through PgBouncer in transaction mode (two clients sharing one server
+/// connection per role), where each statement may run on a server connection another client
+/// used last.
+#[tokio::test]
+async fn the_boundary_holds_through_pgbouncer_in_transaction_mode() {
+    let s = Services::start().await;
+    let bouncer = PgBouncer::start_with_logins(PoolMode::Transaction, 1, &[&s.a, &s.b]).await;
+    let through = |role: &str| {
+        let url = bouncer.url_as(&s.db.name, role);
+        async move { connect(&url.parse().unwrap()).await }
+    };
+    let (a, b) = (through(&s.a).await, through(&s.b).await);
+    let b_again = through(&s.b).await;
+    create(&a, OP_A, "k-pooled").await;
+    create(&b, OP_B, "k-pooled").await;
+    assert_eq!(
+        must(&b_again, &lookup_sql(OP_B, "k-pooled", 1)).await.as_deref(),
+        Some("replay")
+    );
+    assert_confined("b through PgBouncer", &s.admin, &b, &s.b, OP_A, "k-pooled").await;
+    assert_confined("a through PgBouncer", &s.admin, &a, &s.a, OP_B, "k-pooled").await;
+    // The client that shares b's server connection still works on b's own operation.
+    assert_eq!(
+        must(&b_again, &claim_sql(OP_B, "k-pooled", 1)).await.as_deref(),
+        Some("replay")
+    );
+}
+
+/// A login role that is a member of a granted role uses its operations; a superuser is refused
+/// nothing; a role that holds no operation may not enqueue events, one that holds any may.
+#[tokio::test]
+async fn members_inherit_operations_and_events_need_one() {
+    let s = Services::start().await;
+    let member = format!("member_{}", s.db.name);
+    s.admin
+        .batch_execute(&format!("CREATE ROLE {member} LOGIN IN ROLE {}", s.a))
+        .await
+        .unwrap();
+    let as_member = session_as(&s.db, &member).await;
+    create(&as_member, OP_A, "k-member").await;
+    refused_with(&as_member, &claim_sql(OP_B, "k-member", 1), "42501", "member").await;
+
+    // The superuser (the harness's administrator) is bound by nothing, as everywhere.
+    must(&s.admin, "BEGIN").await;
+    for operation in [OP_A, OP_B, "create-order", "anything-else"] {
+        assert_eq!(
+            must(&s.admin, &claim_sql(operation, "k-admin", 1)).await.as_deref(),
+            Some("owner")
+        );
+    }
+    must(&s.admin, "ROLLBACK").await;
+
+    let idle = format!("idle_{}", s.db.name);
+    service_role(&s.admin, &idle).await;
+    let as_idle = session_as(&s.db, &idle).await;
+    let before = snapshot(&s.admin).await;
+    let said = refused_with(
+        &as_idle,
+        "SELECT tombstoned.enqueue_event('acme', 'agg-1', 'thing.happened', '{}')",
+        "42501",
+        "no operation",
+    )
+    .await;
+    assert_eq!(
+        said,
+        format!("role \"{idle}\" holds no operation: enqueue_event() is for a role granted one")
+    );
+    assert_eq!(snapshot(&s.admin).await, before);
+    grant(&s.db, "something", &idle).await;
+    let id = must(
+        &as_idle,
+        "SELECT tombstoned.enqueue_event('acme', 'agg-1', 'thing.happened', '{}')",
+    )
+    .await
+    .unwrap();
+    let sender = must(
+        &s.admin,
+        &format!("SELECT sender FROM outbox_events WHERE event_id = {}", literal(&id)),
+    )
+    .await;
+    assert_eq!(sender.as_deref(), Some(idle.as_str()));
+}
+
+/// A revoke takes effect at the next transaction of a connection that is already open: a
+/// direct session, and a client of PgBouncer whose server connection was in use before.
+#[tokio::test]
+async fn a_revoke_takes_effect_at_the_next_transaction_of_open_pooled_connections() {
+    let s = Services::start().await;
+    let bouncer = PgBouncer::start_with_logins(PoolMode::Transaction, 1, &[&s.a]).await;
+    let pooled = connect(&bouncer.url_as(&s.db.name, &s.a).parse().unwrap()).await;
+    let direct = session_as(&s.db, &s.a).await;
+    create(&pooled, OP_A, "k-pooled").await;
+    create(&direct, OP_A, "k-direct").await;
+
+    let run = operations_cli(&s.db, &["revoke", OP_A, &s.a]).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        run.stdout,
+        format!("revoked operation \"{OP_A}\" from role \"{}\"\n", s.a)
+    );
+    for (client, key) in [(&pooled, "k-pooled"), (&direct, "k-direct")] {
+        for sql in [claim_sql(OP_A, key, 1), lookup_sql(OP_A, key, 1)] {
+            refused_with(client, &sql, "42501", key).await;
+        }
+    }
+    // Granted again: the next transaction may again.
+    grant(&s.db, OP_A, &s.a).await;
+    for (client, key) in [(&pooled, "k-pooled"), (&direct, "k-direct")] {
+        assert_eq!(
+            must(client, &lookup_sql(OP_A, key, 1)).await.as_deref(),
+            Some("replay")
+        );
+    }
+}
