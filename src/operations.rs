@@ -137,13 +137,13 @@ pub enum OperationsError {
     /// An empty operation name.
     #[error("an operation is a non-empty name, e.g. create-payment")]
     EmptyOperation,
-    /// The session's role may not change the grants (42501).
+    /// The session's role may not change (or read) the grants: SQLSTATE 42501, its text.
     #[error(
-        "this configuration's role may not change the operation grants: run `tombstoned \
+        "this configuration's role may not change the operation grants ({0}): run `tombstoned \
          operations` with the configuration of the role that ran `tombstoned migrate` (the \
          owner of the schema's tables)"
     )]
-    NotAllowed(#[source] tokio_postgres::Error),
+    NotAllowed(String),
     /// Any other database failure.
     #[error("cannot {what}")]
     Database {
@@ -161,16 +161,19 @@ impl OperationsError {
         !matches!(self, OperationsError::Database { .. })
     }
 
+    /// [`OperationsError::NotAllowed`] for SQLSTATE 42501 (the role may not read or change the
+    /// grants), else the failure as it is.
+    pub fn refused(error: &tokio_postgres::Error) -> Option<OperationsError> {
+        (error.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE))
+            .then(|| OperationsError::NotAllowed(crate::db::error_text(error)))
+    }
+
     fn from_query(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> OperationsError {
         move |e| {
-            if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
-                OperationsError::NotAllowed(e)
-            } else {
-                OperationsError::Database {
-                    what,
-                    source: DbError::Query(e),
-                }
-            }
+            OperationsError::refused(&e).unwrap_or(OperationsError::Database {
+                what,
+                source: DbError::Query(e),
+            })
         }
     }
 }

@@ -66,7 +66,19 @@ pub(super) async fn run(config: &Config, command: &OperationsCommand) -> anyhow:
         }
         OperationsCommand::List { .. } => None,
     };
-    let session = super::connect_current(&config.database, "operations", context).await?;
+    let session = super::connect_current(&config.database, "operations", context)
+        .await
+        .map_err(|e| {
+            // A role that may not even read the schema's history is not the one to run this.
+            let refusal = e
+                .chain()
+                .filter_map(|cause| cause.downcast_ref::<tokio_postgres::Error>())
+                .find_map(operations::OperationsError::refused);
+            match refusal {
+                Some(refusal) => anyhow::Error::new(refusal).context(context),
+                None => e,
+            }
+        })?;
     let conn = session.conn();
     match (command, operation) {
         (OperationsCommand::Grant { role, force, .. }, Some(operation)) => {
@@ -112,7 +124,7 @@ fn timestamp(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// Rows of cells as aligned columns (the last one unpadded), two spaces apart.
+/// Rows of cells as aligned columns (the last one unpadded), indented, two spaces apart.
 fn columns(rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len))
         .map(|i| {
@@ -124,15 +136,12 @@ fn columns(rows: &[Vec<String>]) -> String {
         .collect();
     let mut out = String::new();
     for row in rows {
-        let mut line = String::from(" ");
-        for (i, cell) in row.iter().enumerate() {
-            if i + 1 == row.len() {
-                let _ = write!(line, " {cell}");
-            } else {
-                let _ = write!(line, " {cell:<width$}", width = widths[i]);
-            }
-        }
-        let _ = writeln!(out, "{}", line.trim_end());
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        let _ = writeln!(out, "  {}", cells.join("  ").trim_end());
     }
     out
 }

@@ -380,3 +380,318 @@ async fn a_revoke_takes_effect_at_the_next_transaction_of_open_pooled_connection
         );
     }
 }
+
+/// `tombstoned operations`: a role that does not exist, `create-order` without `--force`, `*`,
+/// an empty operation, and a role that may not change the grants are each refused with exit 64
+/// and one line saying why, changing nothing; `--force` grants `create-order` and the grant says
+/// so; granting twice and revoking what is not held change nothing. `list` (and `--json`) shows
+/// the grants in force and every change: who (the login role that ran it), when, what.
+#[tokio::test]
+async fn the_operations_command_refuses_what_it_must_and_records_every_change() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    let svc = format!("svc_{}", db.name);
+    service_role(&admin, &svc).await;
+    let missing = format!("nosuch_{}", db.name);
+    let before = snapshot(&admin).await;
+    let started: chrono::DateTime<chrono::Utc> =
+        admin.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    for (args, says) in [
+        (
+            vec!["grant", OP_A, missing.as_str()],
+            format!("role \"{missing}\" does not exist"),
+        ),
+        (
+            vec!["revoke", OP_A, missing.as_str()],
+            format!("role \"{missing}\" does not exist"),
+        ),
+        (
+            vec!["grant", "create-order", svc.as_str()],
+            "reserved to the daemon's role: a role granted it can claim keys in the endpoint's \
+             scopes"
+                .to_owned(),
+        ),
+        (
+            vec!["grant", "*", svc.as_str()],
+            "which only the upgrade to schema V8 gives".to_owned(),
+        ),
+        (
+            vec!["grant", "", svc.as_str()],
+            "an operation is a non-empty name".to_owned(),
+        ),
+    ] {
+        let run = operations_cli(&db, &args).await;
+        assert_eq!(run.code, Some(64), "{args:?}: {}", run.stderr);
+        let line = run.error_line(64);
+        assert!(line.contains(&says), "{args:?}: {line}");
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.stdout);
+    }
+    // The service itself may not grant itself anything.
+    let as_service = crate::conn_support::run_binary(
+        &["operations", "grant", OP_B, &svc],
+        &crate::operations_support::url_as(&db, &svc),
+        &[],
+    )
+    .await;
+    assert_eq!(as_service.code, Some(64), "{}", as_service.stderr);
+    assert!(
+        as_service
+            .error_line(64)
+            .contains("may not change the operation grants"),
+        "{}",
+        as_service.stderr
+    );
+    assert_eq!(snapshot(&admin).await, before, "a refusal changed something");
+
+    // An operator that is not the owner, given the grants tables: its changes are its own.
+    let operator = format!("operator_{}", db.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {operator} LOGIN;
+             GRANT USAGE ON SCHEMA tombstoned TO {operator};
+             GRANT SELECT ON tombstoned.schema_history, tombstoned.operation_grant_changes
+                 TO {operator};
+             GRANT SELECT, INSERT, DELETE ON tombstoned.operation_grants TO {operator};"
+        ))
+        .await
+        .unwrap();
+    let by_operator = |args: &'static [&'static str]| {
+        let url = crate::operations_support::url_as(&db, &operator);
+        let svc = svc.clone();
+        async move {
+            let mut all = vec!["operations"];
+            all.extend(args.iter().map(|a| if *a == "SVC" { svc.as_str() } else { a }));
+            crate::conn_support::run_binary(&all, &url, &[]).await
+        }
+    };
+    for (args, out) in [
+        (
+            &["grant", OP_A, "SVC"][..],
+            format!("granted operation \"{OP_A}\" to role \"{svc}\"\n"),
+        ),
+        (
+            &["grant", OP_A, "SVC"],
+            format!("role \"{svc}\" already holds operation \"{OP_A}\"; nothing changed\n"),
+        ),
+        (
+            &["grant", "create-order", "SVC", "--force"],
+            format!("granted operation \"create-order\" to role \"{svc}\"\n"),
+        ),
+        (
+            &["revoke", OP_A, "SVC"],
+            format!("revoked operation \"{OP_A}\" from role \"{svc}\"\n"),
+        ),
+        (
+            &["revoke", OP_A, "SVC"],
+            format!("role \"{svc}\" does not hold operation \"{OP_A}\"; nothing changed\n"),
+        ),
+    ] {
+        let run = by_operator(args).await;
+        assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
+        assert_eq!(run.stdout, out, "{args:?}");
+    }
+    // Granted create-order by force, the service may claim in it.
+    let session = session_as(&db, &svc).await;
+    must(&session, "BEGIN").await;
+    assert_eq!(
+        must(&session, &claim_sql("create-order", "k-forced", 1))
+            .await
+            .as_deref(),
+        Some("owner")
+    );
+    must(&session, "ROLLBACK").await;
+
+    let admin_role: String = admin
+        .query_one("SELECT session_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let run = operations_cli(&db, &["list", "--json"]).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let listing: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let grants: Vec<(String, String, bool, String)> = listing["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["operation"].as_str().unwrap().to_owned(),
+                g["role"].as_str().unwrap().to_owned(),
+                g["forced"].as_bool().unwrap(),
+                g["granted_by"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        grants,
+        [
+            (
+                "create-order".to_owned(),
+                admin_role.clone(),
+                false,
+                admin_role.clone()
+            ),
+            (
+                "create-order".to_owned(),
+                svc.clone(),
+                true,
+                operator.clone()
+            ),
+        ]
+    );
+    let changes: Vec<(String, String, String, String, bool)> = listing["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["changed_by"].as_str().unwrap().to_owned(),
+                c["action"].as_str().unwrap().to_owned(),
+                c["operation"].as_str().unwrap().to_owned(),
+                c["role"].as_str().unwrap().to_owned(),
+                c["forced"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let change = |by: &str, action: &str, operation: &str, role: &str, forced: bool| {
+        (
+            by.to_owned(),
+            action.to_owned(),
+            operation.to_owned(),
+            role.to_owned(),
+            forced,
+        )
+    };
+    assert_eq!(
+        changes,
+        [
+            // The migration's own grant (the template was migrated by the administrator).
+            change(&admin_role, "grant", "create-order", &admin_role, false),
+            change(&operator, "grant", OP_A, &svc, false),
+            change(&operator, "grant", "create-order", &svc, true),
+            change(&operator, "revoke", OP_A, &svc, false),
+        ]
+    );
+    for c in listing["changes"].as_array().unwrap().iter().skip(1) {
+        let at: chrono::DateTime<chrono::Utc> =
+            c["changed_at"].as_str().unwrap().parse().unwrap();
+        assert!(at >= started, "{c}");
+    }
+    // The same, for a person.
+    let text = operations_cli(&db, &["list"]).await;
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    for needle in [
+        "grants:",
+        &format!("create-order  {svc}"),
+        "changes, oldest first:",
+        &format!("{operator}  revoke  {OP_A}"),
+        &format!("{svc} (--force)"),
+    ] {
+        assert!(text.stdout.contains(needle), "{needle:?} in\n{}", text.stdout);
+    }
+}
+
+/// A minimal webhook receiver: every request's headers and body, answered 204.
+async fn capture() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, Vec<u8>)>>>,
+) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let router = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let sink = sink.clone();
+                async move {
+                    sink.lock().unwrap().push((headers, body.to_vec()));
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    (url, seen)
+}
+
+/// The webhook body of an event a service enqueued names that service; an order event names the
+/// role of the daemon that created the order; both inside the signed body, so a receiver that
+/// checks the signature can authorise by it (a body with another sender fails the check).
+#[tokio::test]
+async fn webhooks_name_their_sender_inside_the_signed_body() {
+    use base64::Engine as _;
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    let svc = format!("svc_{}", db.name);
+    service_role(&admin, &svc).await;
+    grant(&db, OP_A, &svc).await;
+    let service_event = create(&session_as(&db, &svc).await, OP_A, "k-event").await;
+
+    let daemon_role = format!("daemon_{}", db.name);
+    crate::operations_support::daemon_role(&admin, &daemon_role).await;
+    let daemon = crate::daemon_support::Daemon::start(crate::daemon_support::Spec::new(
+        &crate::operations_support::url_as(&db, &daemon_role),
+    ))
+    .await;
+    let created = daemon
+        .create_order(
+            crate::daemon_support::ALICE,
+            "k-order",
+            &crate::api_support::order("req-order"),
+        )
+        .await;
+    created.expect(201);
+    let order_id = created.json()["order_id"].as_str().unwrap().to_owned();
+
+    let (url, seen) = capture().await;
+    let (_dir, secret) = crate::outbox_support::secret_file();
+    let secret = secret.display().to_string();
+    let run = crate::conn_support::run_binary(
+        &["outbox", "deliver"],
+        &db.url,
+        &[
+            ("TOMBSTONED_OUTBOX__ENDPOINT", url.as_str()),
+            ("TOMBSTONED_OUTBOX__SECRET_FILE", secret.as_str()),
+        ],
+    )
+    .await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(
+            crate::outbox_support::SECRET
+                .strip_prefix("whsec_")
+                .unwrap(),
+        )
+        .unwrap();
+    let mut senders = BTreeMap::new();
+    for (headers, body) in &seen {
+        let id = crate::outbox_support::signature_ok(&key, headers, body)
+            .expect("the relay's signature verifies");
+        let event: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let sender = event["sender"].as_str().unwrap().to_owned();
+        // The same body claiming another sender is not the relay's.
+        let forged = String::from_utf8(body.clone()).unwrap().replace(
+            &format!("\"sender\":\"{sender}\""),
+            "\"sender\":\"somebody_else\"",
+        );
+        assert_ne!(forged.as_bytes(), body.as_slice());
+        assert!(
+            crate::outbox_support::signature_ok(&key, headers, forged.as_bytes()).is_none(),
+            "the signature covers the sender"
+        );
+        senders.insert(id, (sender, event["order_id"].as_str().map(str::to_owned)));
+    }
+    assert_eq!(senders[&service_event], (svc.clone(), None));
+    let order_event = senders
+        .iter()
+        .find(|(id, _)| **id != service_event)
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    assert_eq!(order_event, (daemon_role.clone(), Some(order_id)));
+}

@@ -145,3 +145,24 @@ pub async fn create(client: &Client, operation: &str, key: &str) -> String {
     must(client, "COMMIT").await;
     event
 }
+
+/// A libpq URL of `db` logging in as `role`.
+pub fn url_as(db: &TestDb, role: &str) -> String {
+    let mut config = server().clone();
+    config.user(role);
+    tombstoned_testkit::cluster::conninfo_for_database(&config, &db.name)
+}
+
+/// Creates the login role `role` for a daemon that does not run as the migrating role, with the
+/// grants README's "Installing without the package" gives it.
+pub async fn daemon_role(admin: &Client, role: &str) {
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             GRANT USAGE ON SCHEMA tombstoned TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA tombstoned TO {role};
+             GRANT EXECUTE ON FUNCTION tombstoned.cleanup_lease_required(timestamptz) TO {role};"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("create the daemon role {role}: {e}"));
+}
