@@ -65,7 +65,8 @@ struct Running {
     _server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
-/// The role and connection URL of the service, with its table made from examples/payments.sql.
+/// The role and connection URL of the service, with its table made from examples/payments.sql
+/// and its operation granted.
 async fn service_role(db: &TestDb) -> String {
     let role = format!("pay_{}", db.name);
     let password = "example-password";
@@ -84,6 +85,8 @@ async fn service_role(db: &TestDb) -> String {
         ))
         .await
         .unwrap();
+    // Its operation, granted as examples/README.md says (issue 36).
+    crate::operations_support::grant(db, OPERATION, &role).await;
     let host = match server().get_hosts().first() {
         Some(Host::Tcp(host)) => host.clone(),
         other => panic!("the examples' tests need a TCP server, not {other:?}"),

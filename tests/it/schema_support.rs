@@ -25,3 +25,16 @@ pub async fn migrate_to(client: &mut Client, version: i32) -> Vec<i32> {
         .map(|m| m.version())
         .collect()
 }
+
+/// The versions of the migrations this binary embeds that come after `version`, in order: what
+/// `tombstoned migrate` applies to a schema left at `version`.
+pub fn versions_after(version: i32) -> Vec<i32> {
+    let mut versions: Vec<i32> = embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| m.version())
+        .filter(|v| *v > version)
+        .collect();
+    versions.sort_unstable();
+    versions
+}
