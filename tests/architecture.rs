@@ -398,6 +398,7 @@ const SERVICES: &[&str] = &[
     "lookup",
     "scheduler",
     "sql_api",
+    "operations",
 ];
 const EDGE_AND_HTTP: &[&str] = &["http", "daemon", "ops", "cli"];
 const PURE_CORE: &[&str] = &[

@@ -102,7 +102,10 @@ async fn serve_through_a_transaction_pooler_refuses_a_schema_without_v6() {
     assert_eq!(serve.status.code(), Some(69), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(
-        stderr.contains("1 migration(s) pending (V6__endpoint_claim_functions)"),
+        stderr.contains(&format!(
+            "{} migration(s) pending (V6__endpoint_claim_functions",
+            crate::schema_support::versions_after(5).len()
+        )),
         "{stderr}"
     );
 }
@@ -149,7 +152,10 @@ async fn v6_grants_execute_to_the_roles_that_may_already_write_what_the_function
     let applied = tombstoned::db::migrations::migrate(&config.database)
         .await
         .unwrap();
-    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [6]);
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        crate::schema_support::versions_after(5)
+    );
     assert_eq!(may_execute(&admin, &daemon_role).await, (true, true));
     assert_eq!(may_execute(&admin, &reader_role).await, (false, false));
     assert_eq!(may_execute(&admin, "public").await, (false, false));

@@ -419,7 +419,7 @@ async fn v3_upgrades_a_populated_database_in_place() {
     let applied = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(
         applied.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [4, 5, 6]
+        crate::schema_support::versions_after(3)
     );
     assert!(migrations::status(
         &tombstoned::db::Conn::dedicated(&client, SCHEMA, tombstoned::db::Pooler::None),

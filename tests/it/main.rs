@@ -9,6 +9,7 @@ mod api_openapi;
 mod api_support;
 mod bench_scripts;
 mod boundaries;
+mod boundaries_upgrade;
 mod cleanup;
 mod cleanup_workers;
 mod cli;

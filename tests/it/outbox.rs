@@ -880,7 +880,7 @@ async fn v2_upgrades_a_populated_v1_database_and_its_events_are_then_delivered()
     let upgraded = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(
         upgraded.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [2, 3, 4, 5, 6]
+        crate::schema_support::versions_after(1)
     );
     let status = migrations::status(&Conn::dedicated(&client, "tombstoned", Pooler::None), None)
         .await

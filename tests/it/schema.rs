@@ -19,13 +19,17 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(before.applied.is_empty());
-    assert_eq!(before.pending.len(), 6, "{before:?}");
+    assert_eq!(
+        before.pending.len(),
+        crate::schema_support::versions_after(0).len(),
+        "{before:?}"
+    );
     assert!(before.problem().unwrap().contains("tombstoned migrate"));
 
     let first = migrations::migrate(&config.database).await.unwrap();
     assert_eq!(
         first.iter().map(|m| m.version).collect::<Vec<_>>(),
-        [1, 2, 3, 4, 5, 6]
+        crate::schema_support::versions_after(0)
     );
     let second = migrations::migrate(&config.database).await.unwrap();
     assert!(second.is_empty(), "second run applied {second:?}");
@@ -34,7 +38,10 @@ async fn migrate_applies_on_an_empty_database_and_reapplying_is_a_no_op() {
         .await
         .unwrap();
     assert!(after.is_current(), "{after:?}");
-    assert_eq!(after.applied.len(), 6);
+    assert_eq!(
+        after.applied.len(),
+        crate::schema_support::versions_after(0).len()
+    );
 }
 
 #[tokio::test]
@@ -67,14 +74,15 @@ async fn concurrent_migrate_runs_are_serialised() {
             .expect("every concurrent run succeeds")
             .len();
     }
-    assert_eq!(applied, 6, "V1 to V6 are each applied by exactly one run");
+    let all = crate::schema_support::versions_after(0).len();
+    assert_eq!(applied, all, "every migration is applied by exactly one run");
     let client = db.client().await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 6);
+    assert_eq!(rows, all as i64);
 }
 
 #[tokio::test]
@@ -102,6 +110,8 @@ async fn migrate_honours_the_configured_schema() {
             "idempotency_cards",
             "idempotency_records",
             "idempotency_scopes",
+            "operation_grant_changes",
+            "operation_grants",
             "orders",
             "outbox_aggregates",
             "outbox_events",
@@ -245,6 +255,31 @@ async fn tables_have_the_documented_columns() {
         ("idempotency_scopes", "tenant_id", "text", "NO"),
         ("idempotency_scopes", "principal_id", "text", "NO"),
         ("idempotency_scopes", "operation", "text", "NO"),
+        // V8.
+        ("operation_grant_changes", "change_id", "bigint", "NO"),
+        (
+            "operation_grant_changes",
+            "changed_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        ("operation_grant_changes", "changed_by", "text", "NO"),
+        ("operation_grant_changes", "action", "text", "NO"),
+        ("operation_grant_changes", "operation", "text", "YES"),
+        ("operation_grant_changes", "grantee", "text", "NO"),
+        ("operation_grant_changes", "forced", "boolean", "NO"),
+        ("operation_grant_changes", "note", "text", "YES"),
+        ("operation_grants", "operation", "text", "YES"),
+        ("operation_grants", "grantee", "regrole", "NO"),
+        (
+            "operation_grants",
+            "granted_at",
+            "timestamp with time zone",
+            "NO",
+        ),
+        ("operation_grants", "granted_by", "text", "NO"),
+        ("operation_grants", "forced", "boolean", "NO"),
+        ("operation_grants", "note", "text", "YES"),
         ("orders", "order_id", "uuid", "NO"),
         ("orders", "tenant_id", "text", "NO"),
         ("orders", "principal_id", "text", "NO"),
@@ -310,6 +345,8 @@ async fn tables_have_the_documented_columns() {
         ),
         // V4.
         ("outbox_events", "aggregate_id", "text", "YES"),
+        // V8.
+        ("outbox_events", "sender", "text", "YES"),
     ];
     let expected: Vec<(String, String, String, String)> = expected
         .iter()
@@ -451,7 +488,10 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
             "{args:?}: one line: {stderr}"
         );
         assert!(
-            stderr.contains("6 migration(s) pending (V1__")
+            stderr.contains(&format!(
+                "{} migration(s) pending (V1__",
+                crate::schema_support::versions_after(0).len()
+            ))
                 && stderr.contains("run `tombstoned migrate` first"),
             "{args:?}: {stderr}"
         );
