@@ -391,9 +391,7 @@ impl Transitional {
             Transitional::NotVisible => {
                 "not visible to this role (it needs SELECT on operation_grants)".to_owned()
             }
-            Transitional::Roles(roles) if roles.is_empty() => {
-                "no transitional grants".to_owned()
-            }
+            Transitional::Roles(roles) if roles.is_empty() => "no transitional grants".to_owned(),
             Transitional::Roles(roles) => format!(
                 "{} still {} the transitional grant of every operation but \
                  {OPERATION_CREATE_ORDER} (from the upgrade to V8): {}; grant each the \

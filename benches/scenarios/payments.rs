@@ -60,7 +60,7 @@ impl Role {
     }
 
     /// The README's GRANTs, the operation and the business table in database `db` (an
-/// administrator's session).
+    /// administrator's session).
     pub async fn set_up(&self, server: &Server, db: &str) -> Result<()> {
         let admin = server.connect(db).await?;
         admin

@@ -169,6 +169,10 @@ async function byRequestId(client, tenant, principal, intent) {
 async function createPayment(pool, tenant, principal, key, intent) {
   const client = await pool.connect();
   let broken;
+  // A checked-out client whose connection dies also emits 'error' (the failed query rejects as
+  // well): without a listener that event would end the process.
+  const onError = (e) => { broken = e; };
+  client.on('error', onError);
   try {
     for (let i = 0; i < ATTEMPTS; i += 1) {
       try {
@@ -182,6 +186,7 @@ async function createPayment(pool, tenant, principal, key, intent) {
     broken = e; // a failed ROLLBACK or a lost connection: the pool drops this client
     throw e;
   } finally {
+    client.off('error', onError);
     client.release(broken);
   }
 }

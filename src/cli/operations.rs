@@ -61,7 +61,8 @@ pub(super) async fn run(config: &Config, command: &OperationsCommand) -> anyhow:
     };
     // The command's usage errors first: nothing is asked of the database for them.
     let operation = match command {
-        OperationsCommand::Grant { operation, .. } | OperationsCommand::Revoke { operation, .. } => {
+        OperationsCommand::Grant { operation, .. }
+        | OperationsCommand::Revoke { operation, .. } => {
             Some(Operation::parse(operation).context(context)?)
         }
         OperationsCommand::List { .. } => None,
@@ -127,12 +128,7 @@ fn timestamp(t: DateTime<Utc>) -> String {
 /// Rows of cells as aligned columns (the last one unpadded), indented, two spaces apart.
 fn columns(rows: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..rows.first().map_or(0, Vec::len))
-        .map(|i| {
-            rows.iter()
-                .map(|r| r[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for row in rows {

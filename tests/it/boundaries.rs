@@ -172,7 +172,13 @@ async fn assert_confined(
         }
         // Inside a transaction too, where the claim would have been the owner's first step.
         must(client, "BEGIN").await;
-        refused_with(client, &claim_sql(operation, "in-a-transaction", 1), "42501", label).await;
+        refused_with(
+            client,
+            &claim_sql(operation, "in-a-transaction", 1),
+            "42501",
+            label,
+        )
+        .await;
         must(client, "ROLLBACK").await;
     }
     for (call, trigger) in internal_calls(admin).await {
@@ -183,7 +189,11 @@ async fn assert_confined(
     for statement in relation_statements(admin).await {
         refused_with(client, &statement, "42501", label).await;
     }
-    assert_eq!(snapshot(admin).await, before, "{label}: something was written");
+    assert_eq!(
+        snapshot(admin).await,
+        before,
+        "{label}: something was written"
+    );
 }
 
 /// Two services on one database, each with its operation granted through the command.
@@ -222,15 +232,21 @@ async fn each_service_reaches_only_its_own_operation() {
     for (client, operation) in [(&a, OP_A), (&b, OP_B)] {
         create(client, operation, "k-1").await;
         assert_eq!(
-            must(client, &claim_sql(operation, "k-1", 1)).await.as_deref(),
+            must(client, &claim_sql(operation, "k-1", 1))
+                .await
+                .as_deref(),
             Some("replay")
         );
         assert_eq!(
-            must(client, &lookup_sql(operation, "k-1", 1)).await.as_deref(),
+            must(client, &lookup_sql(operation, "k-1", 1))
+                .await
+                .as_deref(),
             Some("replay")
         );
         assert_eq!(
-            must(client, &claim_sql(operation, "k-1", 2)).await.as_deref(),
+            must(client, &claim_sql(operation, "k-1", 2))
+                .await
+                .as_deref(),
             Some("key_reused")
         );
     }
@@ -282,14 +298,18 @@ async fn the_boundary_holds_through_pgbouncer_in_transaction_mode() {
     create(&a, OP_A, "k-pooled").await;
     create(&b, OP_B, "k-pooled").await;
     assert_eq!(
-        must(&b_again, &lookup_sql(OP_B, "k-pooled", 1)).await.as_deref(),
+        must(&b_again, &lookup_sql(OP_B, "k-pooled", 1))
+            .await
+            .as_deref(),
         Some("replay")
     );
     assert_confined("b through PgBouncer", &s.admin, &b, &s.b, OP_A, "k-pooled").await;
     assert_confined("a through PgBouncer", &s.admin, &a, &s.a, OP_B, "k-pooled").await;
     // The client that shares b's server connection still works on b's own operation.
     assert_eq!(
-        must(&b_again, &claim_sql(OP_B, "k-pooled", 1)).await.as_deref(),
+        must(&b_again, &claim_sql(OP_B, "k-pooled", 1))
+            .await
+            .as_deref(),
         Some("replay")
     );
 }
@@ -306,13 +326,21 @@ async fn members_inherit_operations_and_events_need_one() {
         .unwrap();
     let as_member = session_as(&s.db, &member).await;
     create(&as_member, OP_A, "k-member").await;
-    refused_with(&as_member, &claim_sql(OP_B, "k-member", 1), "42501", "member").await;
+    refused_with(
+        &as_member,
+        &claim_sql(OP_B, "k-member", 1),
+        "42501",
+        "member",
+    )
+    .await;
 
     // The superuser (the harness's administrator) is bound by nothing, as everywhere.
     must(&s.admin, "BEGIN").await;
     for operation in [OP_A, OP_B, "create-order", "anything-else"] {
         assert_eq!(
-            must(&s.admin, &claim_sql(operation, "k-admin", 1)).await.as_deref(),
+            must(&s.admin, &claim_sql(operation, "k-admin", 1))
+                .await
+                .as_deref(),
             Some("owner")
         );
     }
@@ -343,7 +371,10 @@ async fn members_inherit_operations_and_events_need_one() {
     .unwrap();
     let sender = must(
         &s.admin,
-        &format!("SELECT sender FROM outbox_events WHERE event_id = {}", literal(&id)),
+        &format!(
+            "SELECT sender FROM outbox_events WHERE event_id = {}",
+            literal(&id)
+        ),
     )
     .await;
     assert_eq!(sender.as_deref(), Some(idle.as_str()));
@@ -441,7 +472,11 @@ async fn the_operations_command_refuses_what_it_must_and_records_every_change() 
         "{}",
         as_service.stderr
     );
-    assert_eq!(snapshot(&admin).await, before, "a refusal changed something");
+    assert_eq!(
+        snapshot(&admin).await,
+        before,
+        "a refusal changed something"
+    );
 
     // An operator that is not the owner, given the grants tables: its changes are its own.
     let operator = format!("operator_{}", db.name);
@@ -460,7 +495,10 @@ async fn the_operations_command_refuses_what_it_must_and_records_every_change() 
         let svc = svc.clone();
         async move {
             let mut all = vec!["operations"];
-            all.extend(args.iter().map(|a| if *a == "SVC" { svc.as_str() } else { a }));
+            all.extend(
+                args.iter()
+                    .map(|a| if *a == "SVC" { svc.as_str() } else { a }),
+            );
             crate::conn_support::run_binary(&all, &url, &[]).await
         }
     };
@@ -573,8 +611,7 @@ async fn the_operations_command_refuses_what_it_must_and_records_every_change() 
         ]
     );
     for c in listing["changes"].as_array().unwrap().iter().skip(1) {
-        let at: chrono::DateTime<chrono::Utc> =
-            c["changed_at"].as_str().unwrap().parse().unwrap();
+        let at: chrono::DateTime<chrono::Utc> = c["changed_at"].as_str().unwrap().parse().unwrap();
         assert!(at >= started, "{c}");
     }
     // The same, for a person.
@@ -587,7 +624,11 @@ async fn the_operations_command_refuses_what_it_must_and_records_every_change() 
         &format!("{operator}  revoke  {OP_A}"),
         &format!("{svc} (--force)"),
     ] {
-        assert!(text.stdout.contains(needle), "{needle:?} in\n{}", text.stdout);
+        assert!(
+            text.stdout.contains(needle),
+            "{needle:?} in\n{}",
+            text.stdout
+        );
     }
 }
 

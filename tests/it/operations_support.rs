@@ -67,10 +67,15 @@ pub async fn connect(config: &tokio_postgres::Config) -> Client {
 
 /// The first column of the first row `sql` returns (simple query protocol), if any.
 pub async fn value(client: &Client, sql: &str) -> Result<Option<String>, tokio_postgres::Error> {
-    Ok(client.simple_query(sql).await?.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
-        _ => None,
-    }).flatten())
+    Ok(client
+        .simple_query(sql)
+        .await?
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
+            _ => None,
+        })
+        .flatten())
 }
 
 /// `value`, which must succeed.

@@ -75,7 +75,10 @@ async fn concurrent_migrate_runs_are_serialised() {
             .len();
     }
     let all = crate::schema_support::versions_after(0).len();
-    assert_eq!(applied, all, "every migration is applied by exactly one run");
+    assert_eq!(
+        applied, all,
+        "every migration is applied by exactly one run"
+    );
     let client = db.client().await;
     let rows: i64 = client
         .query_one("SELECT count(*) FROM tombstoned.schema_history", &[])
@@ -491,8 +494,7 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
             stderr.contains(&format!(
                 "{} migration(s) pending (V1__",
                 crate::schema_support::versions_after(0).len()
-            ))
-                && stderr.contains("run `tombstoned migrate` first"),
+            )) && stderr.contains("run `tombstoned migrate` first"),
             "{args:?}: {stderr}"
         );
         assert!(!stderr.contains("42P01"), "{args:?}: {stderr}");

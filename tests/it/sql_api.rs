@@ -482,7 +482,10 @@ async fn every_function_is_security_definer_with_a_pinned_path_and_no_public_exe
         .await
         .unwrap()
         .get(0);
-    assert!(probe, "has_function_privilege sees PUBLIC's default EXECUTE");
+    assert!(
+        probe,
+        "has_function_privilege sees PUBLIC's default EXECUTE"
+    );
     // A role without the grants cannot call them.
     let role = format!("nogrant_{}", db.name);
     admin
@@ -1889,7 +1892,10 @@ async fn migrate_installs_the_sql_api_as_an_unprivileged_database_owner() {
     let applied = tombstoned::db::migrations::migrate(&config.database)
         .await
         .unwrap();
-    assert_eq!(applied.len(), crate::schema_support::versions_after(0).len());
+    assert_eq!(
+        applied.len(),
+        crate::schema_support::versions_after(0).len()
+    );
     // Its functions work for a service role it grants them to, and the operation it grants.
     let owner = Service::connect(&db, &role).await;
     let service = format!("svc_{}", db.name);
