@@ -736,3 +736,49 @@ async fn webhooks_name_their_sender_inside_the_signed_body() {
         .unwrap();
     assert_eq!(order_event, (daemon_role.clone(), Some(order_id)));
 }
+
+/// The grants README.md and docs/api.md give a service role are exactly
+/// `clients_support::documented_grants` (what these tests and the clients' suites give theirs),
+/// and the clients' suites' set-up grants its role the suites' operation through the command:
+/// that role completes a flow in it and is refused any other.
+#[tokio::test]
+async fn the_documented_grants_and_the_client_suites_set_up() {
+    use crate::clients_support::{documented_grants, ClientEnv, SUITE_OPERATION};
+    let normalise = |sql: &str| -> Vec<String> {
+        sql.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let expected = normalise(&documented_grants("tombstoned", "payments_service"));
+    for file in ["README.md", "docs/api.md"] {
+        let text = std::fs::read_to_string(crate::ops_support::repo_root().join(file)).unwrap();
+        let block = text
+            .split("```sql\n")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+            .find(|block| block.contains("GRANT USAGE ON SCHEMA tombstoned TO payments_service"))
+            .unwrap_or_else(|| panic!("{file} gives no service role's grants"));
+        assert_eq!(normalise(block), expected, "{file}");
+    }
+
+    let env = ClientEnv::new("probe").await;
+    let var = |name: &str| {
+        env.vars
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    let service = connect(&var("TOMBSTONED_TEST_SERVICE_URL").parse().unwrap()).await;
+    create(&service, SUITE_OPERATION, "k-suite").await;
+    let said = refused_with(&service, &claim_sql(OP_B, "k-suite", 1), "42501", "suite").await;
+    assert_eq!(
+        said,
+        format!(
+            "role \"{}\" may not use operation \"{OP_B}\"",
+            env.service_role
+        )
+    );
+}

@@ -310,9 +310,9 @@ async fn v8_applies_under_traffic_and_the_transitional_grants_show_until_narrowe
     let checked = run_binary(&["check-config"], &db.url, &[]).await;
     assert_eq!(checked.code, Some(0), "{}", checked.stderr);
     assert!(
-        checked.stdout.contains(&format!(
-            "operations: 1 role still holds the transitional grant"
-        )),
+        checked
+            .stdout
+            .contains("operations: 1 role still holds the transitional grant"),
         "{}",
         checked.stdout
     );
