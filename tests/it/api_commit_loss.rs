@@ -367,17 +367,22 @@ async fn lost_commit(api: &TestApi, proxy: &CuttingProxy) {
     assert_eq!(proxy.cuts.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn commit_lost_on_its_way_back_is_outcome_unknown_and_the_retry_replays_the_one_order() {
-    let (api, proxy) = api_behind(Cut::AfterCommit).await;
-    lost_commit(&api, &proxy).await;
-    // It did commit: the retry with the same key replays it, and nothing is created twice.
+/// The cut transaction did commit: the retry with the same key replays it, and nothing is
+/// created twice.
+async fn retry_replays_the_committed_order(api: &TestApi) {
     assert_eq!(api.counts().await, (2, 2, 2));
     let retry = api.post(ALICE, "key-x", &order("req-x")).await;
     retry.expect(201);
     assert!(retry.replayed(), "the committed order, replayed");
     assert_eq!(retry.json()["request_id"], "req-x");
     assert_eq!(api.counts().await, (2, 2, 2));
+}
+
+#[tokio::test]
+async fn commit_lost_on_its_way_back_is_outcome_unknown_and_the_retry_replays_the_one_order() {
+    let (api, proxy) = api_behind(Cut::AfterCommit).await;
+    lost_commit(&api, &proxy).await;
+    retry_replays_the_committed_order(&api).await;
     let text = api.metrics_text();
     assert!(
         text.contains("tombstoned_db_errors_total{sqlstate_class=\"connection\"} 1"),
@@ -444,11 +449,5 @@ async fn a_lost_answer_behind_a_transaction_pooler_is_outcome_unknown_and_the_re
     let cut = proxy.forwarded_in_cut.lock().unwrap().clone();
     assert_eq!(cut.len(), 1, "{cut:?}");
     assert!(cut[0].contains("endpoint_claim_order("), "{cut:?}");
-    // It committed: the retry with the same key replays the one order.
-    assert_eq!(api.counts().await, (2, 2, 2));
-    let retry = api.post(ALICE, "key-x", &order("req-x")).await;
-    retry.expect(201);
-    assert!(retry.replayed(), "the committed order, replayed");
-    assert_eq!(retry.json()["request_id"], "req-x");
-    assert_eq!(api.counts().await, (2, 2, 2));
+    retry_replays_the_committed_order(&api).await;
 }

@@ -409,6 +409,14 @@ const SECURITY_INVOKER: &[(&str, &str)] = &[
         "internal: a service role calling it directly has no privilege on the tables it reads (42501)",
     ),
     ("find_scope", "internal: as record_outcome"),
+    (
+        "require_internal_caller",
+        "internal: the check require_scope and require_fingerprint start with; refuses a caller without the owner's privileges itself",
+    ),
+    (
+        "caller_holds",
+        "internal: whether the login role holds an operation; a service role calling it directly cannot read the grants (42501)",
+    ),
     ("ensure_scope", "internal: as record_outcome"),
     (
         "endpoint_claim_order",
