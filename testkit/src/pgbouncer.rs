@@ -92,7 +92,7 @@ impl PgBouncer {
         mode: PoolMode,
         pool_size: u32,
     ) -> Result<PgBouncer, PgBouncerError> {
-        Self::start_for_logins(server, cluster, mode, pool_size, &[]).await
+        Self::start_for_logins(server, cluster, mode, pool_size, &[], None).await
     }
 
     /// [`PgBouncer::start`], letting `logins` log in too (roles of the server without a
@@ -105,6 +105,27 @@ impl PgBouncer {
             mode,
             pool_size,
             logins,
+            None,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`PgBouncer::start_with_logins`] with `user=forced_user` in its `[databases]` entry:
+    /// whoever a client logs in as, its server connections log in as `forced_user`.
+    pub async fn start_with_forced_user(
+        mode: PoolMode,
+        pool_size: u32,
+        logins: &[&str],
+        forced_user: &str,
+    ) -> PgBouncer {
+        Self::start_for_logins(
+            harness::server(),
+            harness::cluster(),
+            mode,
+            pool_size,
+            logins,
+            Some(forced_user),
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"))
@@ -116,6 +137,7 @@ impl PgBouncer {
         mode: PoolMode,
         pool_size: u32,
         logins: &[&str],
+        forced_user: Option<&str>,
     ) -> Result<PgBouncer, PgBouncerError> {
         let host = match server.get_hosts().first() {
             Some(Host::Tcp(h)) => h.clone(),
@@ -143,7 +165,7 @@ impl PgBouncer {
             &ini,
             format!(
                 "[databases]\n\
-                 * = host={host} port={upstream}\n\
+                 * = host={host} port={upstream}{forced}\n\
                  [pgbouncer]\n\
                  listen_addr = 127.0.0.1\n\
                  listen_port = {port}\n\
@@ -157,6 +179,7 @@ impl PgBouncer {
                  pidfile =\n",
                 users = users.display(),
                 mode = mode.ini(),
+                forced = forced_user.map_or(String::new(), |u| format!(" user={u}")),
             ),
         )?;
         // Readable by the unprivileged user PgBouncer runs as (the userlist only holds a

@@ -381,7 +381,8 @@ async fn members_inherit_operations_and_events_need_one() {
 }
 
 /// A revoke takes effect at the next transaction of a connection that is already open: a
-/// direct session, and a client of PgBouncer whose server connection was in use before.
+/// direct session, a client of PgBouncer whose server connection was in use before, and a
+/// connection a client-side pool (deadpool, one connection) hands out again.
 #[tokio::test]
 async fn a_revoke_takes_effect_at_the_next_transaction_of_open_pooled_connections() {
     let s = Services::start().await;
@@ -390,6 +391,17 @@ async fn a_revoke_takes_effect_at_the_next_transaction_of_open_pooled_connection
     let direct = session_as(&s.db, &s.a).await;
     create(&pooled, OP_A, "k-pooled").await;
     create(&direct, OP_A, "k-direct").await;
+    let client_pool = tombstoned::db::pool(
+        &crate::harness::config_for(&crate::operations_support::url_as(&s.db, &s.a), &[]).database,
+        "svc",
+        1,
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap();
+    let first = client_pool.get().await.unwrap();
+    create(&first, OP_A, "k-client-pool").await;
+    let first_pid = must(&first, "SELECT pg_backend_pid()").await;
+    drop(first);
 
     let run = operations_cli(&s.db, &["revoke", OP_A, &s.a]).await;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -402,6 +414,20 @@ async fn a_revoke_takes_effect_at_the_next_transaction_of_open_pooled_connection
             refused_with(client, &sql, "42501", key).await;
         }
     }
+    let again = client_pool.get().await.unwrap();
+    assert_eq!(
+        must(&again, "SELECT pg_backend_pid()").await,
+        first_pid,
+        "the pool's same connection"
+    );
+    refused_with(
+        &again,
+        &lookup_sql(OP_A, "k-client-pool", 1),
+        "42501",
+        "pool",
+    )
+    .await;
+    drop(again);
     // Granted again: the next transaction may again.
     grant(&s.db, OP_A, &s.a).await;
     for (client, key) in [(&pooled, "k-pooled"), (&direct, "k-direct")] {
@@ -781,4 +807,29 @@ async fn the_documented_grants_and_the_client_suites_set_up() {
             env.service_role
         )
     );
+}
+
+/// A `user=` forced in PgBouncer's `[databases]` makes every client of that entry the role it
+/// names: a client that logs in as b gets a's operations there (the boundary is the entry's),
+/// while logged in directly b is still refused them.
+#[tokio::test]
+async fn a_user_forced_in_pgbouncer_makes_its_clients_that_role() {
+    let s = Services::start().await;
+    let bouncer =
+        PgBouncer::start_with_forced_user(PoolMode::Transaction, 1, &[&s.a, &s.b], &s.a).await;
+    let b_through_forced = connect(&bouncer.url_as(&s.db.name, &s.b).parse().unwrap()).await;
+    assert_eq!(
+        must(&b_through_forced, "SELECT session_user::text").await,
+        Some(s.a.clone())
+    );
+    create(&b_through_forced, OP_A, "k-forced").await;
+    refused_with(
+        &b_through_forced,
+        &claim_sql(OP_B, "k-forced", 1),
+        "42501",
+        "forced",
+    )
+    .await;
+    let b = session_as(&s.db, &s.b).await;
+    refused_with(&b, &claim_sql(OP_A, "k-forced", 1), "42501", "direct").await;
 }
