@@ -16,14 +16,13 @@
 -- * Every change of a grant is recorded (who: session_user, when, what) in
 --   `operation_grant_changes`, by a trigger, whichever way the change was made.
 -- * The documented grants give exactly the API. The internal helpers (`require_scope`,
---   `require_fingerprint`, `record_outcome`, `find_scope`, `ensure_scope`, and this migration's
---   `require_internal_caller` and `caller_holds`) and the endpoint's
+--   `require_fingerprint`, `record_outcome`, `find_scope`, `ensure_scope`) and the endpoint's
 --   own functions (`endpoint_claim_order`, `endpoint_claim_rejected`) become SECURITY INVOKER:
 --   they run with their caller's privileges. Called by an API function (SECURITY DEFINER), the
 --   caller is the tables' owner; called directly by a service role, they have none of the
 --   tables' privileges and fail with 42501 before reading anything — whatever EXECUTE the role
---   was given (`GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA` included). Those that read no table
---   first check it themselves (`require_internal_caller`). The endpoint's functions thus give no role a right it does not hold:
+--   was given (`GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA` included). The two that read no table
+--   first refuse such a caller themselves. The endpoint's functions thus give no role a right it does not hold:
 --   a daemon's role writes the tables anyway. The trigger functions cannot be called at all.
 -- * `cleanup_lease_required` (V3) keeps the convention at last: SECURITY DEFINER, pinned
 --   search_path, no EXECUTE for PUBLIC; EXECUTE for the roles that may renew the lease (UPDATE on
@@ -122,51 +121,14 @@ CREATE TRIGGER operation_grants_audit
     EXECUTE FUNCTION record_operation_grant_change();
 
 -- ------------------------------------------------------------------------------------------
--- The two checks, written once; internal (SECURITY INVOKER, see the head of this file).
-
--- Refuses a caller without the privileges of the tables' owner: an internal function that reads
--- no table before its work starts with it. Called from an API function, current_user is the
--- owner (the API function is SECURITY DEFINER); called directly, it is the caller's role.
-CREATE FUNCTION require_internal_caller(internal_function text)
-    RETURNS void
-    LANGUAGE plpgsql
-    STABLE
-    SECURITY INVOKER
-    SET search_path FROM CURRENT
-AS $$
-BEGIN
-    IF NOT pg_has_role(current_user,
-                       (SELECT c.relowner FROM pg_class AS c
-                         WHERE c.oid = 'operation_grants'::regclass), 'USAGE') THEN
-        RAISE EXCEPTION '%() is internal to the SQL API: call its functions', internal_function
-            USING ERRCODE = '42501';
-    END IF;
-END
-$$;
-
--- Whether the role that logged in (session_user), or a role it is a member of, holds
--- `operation` — any operation when it is NULL; the transitional grant holds every one but
--- create-order. A superuser holds every one. Read in the caller's statement's snapshot: nothing
--- is cached.
-CREATE FUNCTION caller_holds(operation text)
-    RETURNS boolean
-    LANGUAGE sql
-    STABLE
-    SECURITY INVOKER
-    SET search_path FROM CURRENT
-AS $$
-    SELECT EXISTS (
-               SELECT FROM operation_grants AS g
-                WHERE (caller_holds.operation IS NULL
-                       OR g.operation = caller_holds.operation
-                       OR (g.operation IS NULL AND caller_holds.operation <> 'create-order'))
-                  AND pg_has_role(session_user, g.grantee, 'MEMBER'))
-        OR EXISTS (SELECT FROM pg_roles AS r WHERE r.rolname = session_user AND r.rolsuper)
-$$;
-
--- require_scope (V4): the arguments, then the caller's operation. STABLE: it reads the grants in
--- its caller's snapshot, so a revoke counts from the caller's next statement under READ
--- COMMITTED, from its next transaction otherwise.
+-- require_scope (V4): the arguments, then the caller's operation: whether the role that logged in
+-- (session_user), or a role it is a member of, holds it — the transitional grant holds every one
+-- but create-order; a superuser holds every one. STABLE: it reads the grants in its caller's
+-- snapshot, so a revoke counts from the caller's next statement under READ COMMITTED, from its
+-- next transaction otherwise; nothing is cached. Internal: it refuses a caller that may not read
+-- the grants (every service role; called from an API function the caller is the owner) before
+-- anything else. The checks are written inline, not as functions of their own: a function call
+-- with a pinned search_path per check cost a claim a fifth of its throughput.
 CREATE OR REPLACE FUNCTION require_scope(
     tenant_id text, principal_id text, operation text, idempotency_key text)
     RETURNS void
@@ -176,7 +138,10 @@ CREATE OR REPLACE FUNCTION require_scope(
     SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM require_internal_caller('require_scope');
+    IF NOT has_table_privilege('operation_grants'::regclass, 'SELECT') THEN
+        RAISE EXCEPTION 'require_scope() is internal to the SQL API: call claim(), complete() or lookup()'
+            USING ERRCODE = '42501';
+    END IF;
     IF tenant_id IS NULL OR tenant_id = '' THEN
         RAISE EXCEPTION 'invalid argument tenant_id: must be a non-empty text'
             USING ERRCODE = '22023';
@@ -191,7 +156,13 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     -- Before any record is read: the refusal is the same whether the key exists or not.
-    IF NOT caller_holds(require_scope.operation) THEN
+    IF NOT EXISTS (
+           SELECT FROM operation_grants AS g
+            WHERE (g.operation = require_scope.operation
+                   OR (g.operation IS NULL AND require_scope.operation <> 'create-order'))
+              AND pg_has_role(session_user, g.grantee, 'MEMBER'))
+       AND NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.rolname = session_user AND r.rolsuper)
+    THEN
         RAISE EXCEPTION 'role "%" may not use operation "%"', session_user, require_scope.operation
             USING ERRCODE = '42501',
                   HINT = 'The operation is granted to the role by `tombstoned operations grant OPERATION ROLE`.';
@@ -208,7 +179,10 @@ CREATE OR REPLACE FUNCTION require_fingerprint(fingerprint bytea)
     SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM require_internal_caller('require_fingerprint');
+    IF NOT has_table_privilege('operation_grants'::regclass, 'SELECT') THEN
+        RAISE EXCEPTION 'require_fingerprint() is internal to the SQL API: call claim() or lookup()'
+            USING ERRCODE = '42501';
+    END IF;
     IF fingerprint IS NULL OR octet_length(fingerprint) <> 32 THEN
         RAISE EXCEPTION 'invalid argument fingerprint: must be 32 bytes (a SHA-256)'
             USING ERRCODE = '22023';
@@ -258,7 +232,10 @@ BEGIN
         RAISE EXCEPTION 'invalid argument payload: must not be NULL'
             USING ERRCODE = '22023';
     END IF;
-    IF NOT caller_holds(NULL) THEN
+    IF NOT EXISTS (SELECT FROM operation_grants AS g
+                    WHERE pg_has_role(session_user, g.grantee, 'MEMBER'))
+       AND NOT EXISTS (SELECT FROM pg_roles AS r WHERE r.rolname = session_user AND r.rolsuper)
+    THEN
         RAISE EXCEPTION 'role "%" holds no operation: enqueue_event() is for a role granted one', session_user
             USING ERRCODE = '42501',
                   HINT = 'An operation is granted to the role by `tombstoned operations grant OPERATION ROLE`.';
@@ -302,9 +279,7 @@ $$;
 
 REVOKE ALL ON FUNCTION
     cleanup_lease_required(timestamptz),
-    record_operation_grant_change(),
-    require_internal_caller(text),
-    caller_holds(text)
+    record_operation_grant_change()
 FROM PUBLIC;
 
 -- ------------------------------------------------------------------------------------------

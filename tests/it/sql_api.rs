@@ -398,7 +398,7 @@ async fn every_outcome_from_a_role_with_only_the_two_grants() {
 const SECURITY_INVOKER: &[(&str, &str)] = &[
     (
         "require_scope",
-        "internal: runs as its caller, the API function's owner; refuses any caller without the owner's privileges (42501)",
+        "internal: runs as its caller, the API function's owner; refuses a caller that may not read the grants, as every service role (42501)",
     ),
     (
         "require_fingerprint",
@@ -409,14 +409,6 @@ const SECURITY_INVOKER: &[(&str, &str)] = &[
         "internal: a service role calling it directly has no privilege on the tables it reads (42501)",
     ),
     ("find_scope", "internal: as record_outcome"),
-    (
-        "require_internal_caller",
-        "internal: the check require_scope and require_fingerprint start with; refuses a caller without the owner's privileges itself",
-    ),
-    (
-        "caller_holds",
-        "internal: whether the login role holds an operation; a service role calling it directly cannot read the grants (42501)",
-    ),
     ("ensure_scope", "internal: as record_outcome"),
     (
         "endpoint_claim_order",
