@@ -127,8 +127,9 @@ CREATE TRIGGER operation_grants_audit
 -- snapshot, so a revoke counts from the caller's next statement under READ COMMITTED, from its
 -- next transaction otherwise; nothing is cached. Internal: it refuses a caller that may not read
 -- the grants (every service role; called from an API function the caller is the owner) before
--- anything else. The checks are written inline, not as functions of their own: a function call
--- with a pinned search_path per check cost a claim a fifth of its throughput.
+-- anything else. The checks are written inline, not as functions of their own, each of which
+-- would add a call with its own pinned search_path to every call of the API
+-- (bench/operation_check.sh measures what the check costs a claim against the schema before V8).
 CREATE OR REPLACE FUNCTION require_scope(
     tenant_id text, principal_id text, operation text, idempotency_key text)
     RETURNS void
