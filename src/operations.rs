@@ -397,7 +397,7 @@ impl Transitional {
                  {OPERATION_CREATE_ORDER} (from the upgrade to V8): {}; grant each the \
                  operations it uses, then `tombstoned operations revoke '{EVERY_OPERATION}' \
                  ROLE` (README, Upgrading)",
-                crate_count(roles.len()),
+                role_count(roles.len()),
                 if roles.len() == 1 { "holds" } else { "hold" },
                 roles.join(", ")
             ),
@@ -405,7 +405,7 @@ impl Transitional {
     }
 }
 
-fn crate_count(n: usize) -> String {
+fn role_count(n: usize) -> String {
     if n == 1 {
         "1 role".to_owned()
     } else {

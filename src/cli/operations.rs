@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use clap::Subcommand;
 
 use crate::config::Config;
+use crate::db;
 use crate::exit::Exit;
 use crate::operations::{self, GrantOutcome, Listing, Operation, RevokeOutcome};
 use crate::stdout;
@@ -54,23 +55,61 @@ pub enum OperationsCommand {
 
 /// Runs one `tombstoned operations` command.
 pub(super) async fn run(config: &Config, command: &OperationsCommand) -> anyhow::Result<Exit> {
-    let context = match command {
-        OperationsCommand::Grant { .. } => "cannot grant the operation",
-        OperationsCommand::Revoke { .. } => "cannot revoke the operation",
-        OperationsCommand::List { .. } => "cannot list the operations",
-    };
-    // The command's usage errors first: nothing is asked of the database for them.
-    let operation = match command {
-        OperationsCommand::Grant { operation, .. }
-        | OperationsCommand::Revoke { operation, .. } => {
-            Some(Operation::parse(operation).context(context)?)
+    let done = match command {
+        OperationsCommand::Grant {
+            operation,
+            role,
+            force,
+        } => {
+            let context = "cannot grant the operation";
+            // A usage error is said before the database is asked anything.
+            let operation = Operation::parse(operation).context(context)?;
+            let session = session(config, context).await?;
+            match operations::grant(&session.conn(), &operation, role, *force)
+                .await
+                .context(context)?
+            {
+                GrantOutcome::Granted => format!("granted {operation} to role \"{role}\"\n"),
+                GrantOutcome::AlreadyHeld => {
+                    format!("role \"{role}\" already holds {operation}; nothing changed\n")
+                }
+            }
         }
-        OperationsCommand::List { .. } => None,
+        OperationsCommand::Revoke { operation, role } => {
+            let context = "cannot revoke the operation";
+            let operation = Operation::parse(operation).context(context)?;
+            let session = session(config, context).await?;
+            match operations::revoke(&session.conn(), &operation, role)
+                .await
+                .context(context)?
+            {
+                RevokeOutcome::Revoked => format!("revoked {operation} from role \"{role}\"\n"),
+                RevokeOutcome::NotHeld => {
+                    format!("role \"{role}\" does not hold {operation}; nothing changed\n")
+                }
+            }
+        }
+        OperationsCommand::List { json } => {
+            let context = "cannot list the operations";
+            let session = session(config, context).await?;
+            let listing = operations::list(&session.conn()).await.context(context)?;
+            if *json {
+                format!("{}\n", serde_json::to_string_pretty(&listing)?)
+            } else {
+                render(&listing)
+            }
+        }
     };
-    let session = super::connect_current(&config.database, "operations", context)
+    stdout::print(&done)?;
+    Ok(Exit::Success)
+}
+
+/// A session on a schema this binary knows (exit 69 otherwise). A role that may not even read
+/// the schema's history is not the one to run these commands: refused as not allowed (64).
+async fn session(config: &Config, context: &'static str) -> anyhow::Result<db::Session> {
+    super::connect_current(&config.database, "operations", context)
         .await
         .map_err(|e| {
-            // A role that may not even read the schema's history is not the one to run this.
             let refusal = e
                 .chain()
                 .filter_map(|cause| cause.downcast_ref::<tokio_postgres::Error>())
@@ -79,46 +118,7 @@ pub(super) async fn run(config: &Config, command: &OperationsCommand) -> anyhow:
                 Some(refusal) => anyhow::Error::new(refusal).context(context),
                 None => e,
             }
-        })?;
-    let conn = session.conn();
-    match (command, operation) {
-        (OperationsCommand::Grant { role, force, .. }, Some(operation)) => {
-            let done = match operations::grant(&conn, &operation, role, *force)
-                .await
-                .context(context)?
-            {
-                GrantOutcome::Granted => format!("granted {operation} to role \"{role}\"\n"),
-                GrantOutcome::AlreadyHeld => {
-                    format!("role \"{role}\" already holds {operation}; nothing changed\n")
-                }
-            };
-            stdout::print(&done)?;
-        }
-        (OperationsCommand::Revoke { role, .. }, Some(operation)) => {
-            let done = match operations::revoke(&conn, &operation, role)
-                .await
-                .context(context)?
-            {
-                RevokeOutcome::Revoked => format!("revoked {operation} from role \"{role}\"\n"),
-                RevokeOutcome::NotHeld => {
-                    format!("role \"{role}\" does not hold {operation}; nothing changed\n")
-                }
-            };
-            stdout::print(&done)?;
-        }
-        (OperationsCommand::List { json }, _) => {
-            let listing = operations::list(&conn).await.context(context)?;
-            if *json {
-                stdout::print(&format!("{}\n", serde_json::to_string_pretty(&listing)?))?;
-            } else {
-                stdout::print(&render(&listing))?;
-            }
-        }
-        (OperationsCommand::Grant { .. } | OperationsCommand::Revoke { .. }, None) => {
-            unreachable!("parsed above")
-        }
-    }
-    Ok(Exit::Success)
+        })
 }
 
 fn timestamp(t: DateTime<Utc>) -> String {
