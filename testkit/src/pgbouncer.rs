@@ -99,16 +99,7 @@ impl PgBouncer {
     /// password, as a throwaway cluster's loopback trusts them): one pool per role and
     /// database, each logging in to the server as its client's role.
     pub async fn start_with_logins(mode: PoolMode, pool_size: u32, logins: &[&str]) -> PgBouncer {
-        Self::start_for_logins(
-            harness::server(),
-            harness::cluster(),
-            mode,
-            pool_size,
-            logins,
-            None,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        Self::start_in_harness(mode, pool_size, logins, None).await
     }
 
     /// [`PgBouncer::start_with_logins`] with `user=forced_user` in its `[databases]` entry:
@@ -119,13 +110,23 @@ impl PgBouncer {
         logins: &[&str],
         forced_user: &str,
     ) -> PgBouncer {
+        Self::start_in_harness(mode, pool_size, logins, Some(forced_user)).await
+    }
+
+    /// In front of the tests' harness server; panics when it cannot start (a test's set-up).
+    async fn start_in_harness(
+        mode: PoolMode,
+        pool_size: u32,
+        logins: &[&str],
+        forced_user: Option<&str>,
+    ) -> PgBouncer {
         Self::start_for_logins(
             harness::server(),
             harness::cluster(),
             mode,
             pool_size,
             logins,
-            Some(forced_user),
+            forced_user,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"))
