@@ -65,7 +65,9 @@ impl Exit {
                 "Bad usage or configuration (EX_USAGE): an unknown flag or key, an invalid value, \
                  an unusable tokens file, a listen address that cannot be bound, an unusable \
                  webhook secret or CA file, `cleanup.max_replica_lag` for a role without \
-                 `pg_monitor`; `outbox requeue` named an event that is not a dead letter; `demo \
+                 `pg_monitor`; `outbox requeue` named an event that is not a dead letter; \
+                 `operations` named a role that does not exist, `create-order` without `--force` \
+                 or `*` to grant, or ran as a role that may not change the grants; `demo \
                  --config`; `conformance` given a body that is not JSON, a header that is not \
                  `Name: value`, a URL or duration it cannot use. Restarting cannot fix it: the \
                  systemd unit does not retry it."

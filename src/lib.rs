@@ -24,7 +24,9 @@
 //!   once, in order per order, with dead letters and requeue; [`status`] — what `tombstoned
 //!   status` reads (lease, run history, backlog, lag) in one read-only snapshot; [`conformance`]
 //!   — `tombstoned conformance`: any HTTP endpoint checked from outside against the idempotency
-//!   contract, nine checks returning a typed report;
+//!   contract, nine checks returning a typed report; [`operations`] — which database role may
+//!   use which operation of the SQL API (grants, their audit, the transitional grants of an
+//!   upgrade);
 //! * the database contract: [`schema`] — which schema this binary needs: the migrations that
 //!   build it, the SQL API's version, and the one check every caller asks (the schema as it
 //!   stands is committed under `schema/`);
@@ -70,6 +72,7 @@ pub mod instance;
 pub(crate) mod lookup;
 pub mod metrics;
 pub mod money;
+pub mod operations;
 pub mod ops;
 pub mod order_request;
 pub mod outbox;

@@ -1,10 +1,11 @@
 //! What `tombstoned status` reads from the configured database, in one READ ONLY snapshot: the
 //! cleanup lease, the run history, the backlog, record counts (estimates), replication lag per
-//! standby and the outbox backlog — and the health verdict a monitoring check needs
-//! ([`StatusReport::stale`]). Nothing here prints; `src/cli/status.rs` renders it. What a
-//! feature owns, the feature reads (the lease, the history, the rows due, the outbox counts, the
-//! schema's check); `status` composes them, and reads itself only what no feature does (the
-//! catalogue's estimates, the standbys).
+//! standby, the outbox backlog and the roles still holding a transitional grant of the SQL API's
+//! operations — and the health verdict a monitoring check needs ([`StatusReport::stale`]).
+//! Nothing here prints; `src/cli/status.rs` renders it. What a feature owns, the feature reads
+//! (the lease, the history, the rows due, the outbox counts, the schema's check, the grants);
+//! `status` composes them, and reads itself only what no feature does (the catalogue's
+//! estimates, the standbys).
 
 use std::time::Duration;
 
@@ -134,6 +135,10 @@ pub struct StatusReport {
     /// relay's columns (an `Option` so the JSON keeps the shape it had when they could be
     /// missing).
     pub outbox: Option<OutboxBacklog>,
+    /// The roles still holding the transitional grant of every operation but `create-order`
+    /// (from the upgrade to V8; [`crate::operations`]); `None` when this role may not read the
+    /// grants.
+    pub transitional_grants: Option<Vec<String>>,
 }
 
 impl StatusReport {
@@ -314,6 +319,15 @@ async fn read_in(
         dead_letters: i64::try_from(outbox.dead_letters).unwrap_or(i64::MAX),
     };
 
+    let transitional_grants = match crate::operations::transitional(client)
+        .await
+        .map_err(read_error("the operation grants"))?
+    {
+        crate::operations::Transitional::Roles(roles) => Some(roles),
+        crate::operations::Transitional::NotInstalled
+        | crate::operations::Transitional::NotVisible => None,
+    };
+
     Ok(StatusReport {
         schema: schema.to_owned(),
         api_version,
@@ -326,5 +340,6 @@ async fn read_in(
         records,
         replication: Replication { visible, standbys },
         outbox: Some(outbox),
+        transitional_grants,
     })
 }

@@ -405,6 +405,7 @@ const SERVICES: &[&str] = &[
     "scheduler",
     "conformance",
     "schema",
+    "operations",
 ];
 const EDGE_AND_HTTP: &[&str] = &["http", "daemon", "ops", "cli"];
 const PURE_CORE: &[&str] = &[

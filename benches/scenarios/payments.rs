@@ -20,6 +20,8 @@ use crate::server::Server;
 
 /// The business table and its body function, as the README has the administrator load them.
 const PAYMENTS_SQL: &str = include_str!("../../examples/payments.sql");
+/// The operation the Rust payments example claims in.
+const OPERATION: &str = "create-payment";
 /// How long a claim waits for an in-flight owner: the daemon's default `api.claim_lock_timeout`.
 const LOCK_TIMEOUT: &str = "2 seconds";
 /// How long a key replays: the daemon's default `retention.replay_window`.
@@ -57,7 +59,8 @@ impl Role {
         Ok(role)
     }
 
-    /// The README's GRANTs and business table in database `db` (an administrator's session).
+    /// The README's GRANTs, the operation and the business table in database `db` (an
+    /// administrator's session).
     pub async fn set_up(&self, server: &Server, db: &str) -> Result<()> {
         let admin = server.connect(db).await?;
         admin
@@ -73,6 +76,18 @@ impl Role {
             ))
             .await
             .with_context(|| format!("setting up the payments service in {db}"))?;
+        // Its operation, as examples/README.md has the operator grant it (issue 36).
+        let vars = vec![("TOMBSTONED_DATABASE_URL".to_owned(), server.url(db))];
+        let config = tombstoned::config::Config::load_from(None, vars, &[])?;
+        let session = tombstoned::db::connect(&config.database, "bench-operations").await?;
+        tombstoned::operations::grant(
+            &session.conn(),
+            &tombstoned::operations::Operation::parse(OPERATION)?,
+            &self.name,
+            false,
+        )
+        .await
+        .with_context(|| format!("granting {OPERATION} to the payments service in {db}"))?;
         Ok(())
     }
 

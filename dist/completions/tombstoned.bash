@@ -34,6 +34,9 @@ _tombstoned() {
             tombstoned,migrate)
                 cmd="tombstoned__subcmd__migrate"
                 ;;
+            tombstoned,operations)
+                cmd="tombstoned__subcmd__operations"
+                ;;
             tombstoned,outbox)
                 cmd="tombstoned__subcmd__outbox"
                 ;;
@@ -61,6 +64,9 @@ _tombstoned() {
             tombstoned__subcmd__help,migrate)
                 cmd="tombstoned__subcmd__help__subcmd__migrate"
                 ;;
+            tombstoned__subcmd__help,operations)
+                cmd="tombstoned__subcmd__help__subcmd__operations"
+                ;;
             tombstoned__subcmd__help,outbox)
                 cmd="tombstoned__subcmd__help__subcmd__outbox"
                 ;;
@@ -70,6 +76,15 @@ _tombstoned() {
             tombstoned__subcmd__help,status)
                 cmd="tombstoned__subcmd__help__subcmd__status"
                 ;;
+            tombstoned__subcmd__help__subcmd__operations,grant)
+                cmd="tombstoned__subcmd__help__subcmd__operations__subcmd__grant"
+                ;;
+            tombstoned__subcmd__help__subcmd__operations,list)
+                cmd="tombstoned__subcmd__help__subcmd__operations__subcmd__list"
+                ;;
+            tombstoned__subcmd__help__subcmd__operations,revoke)
+                cmd="tombstoned__subcmd__help__subcmd__operations__subcmd__revoke"
+                ;;
             tombstoned__subcmd__help__subcmd__outbox,deliver)
                 cmd="tombstoned__subcmd__help__subcmd__outbox__subcmd__deliver"
                 ;;
@@ -78,6 +93,30 @@ _tombstoned() {
                 ;;
             tombstoned__subcmd__help__subcmd__outbox,requeue)
                 cmd="tombstoned__subcmd__help__subcmd__outbox__subcmd__requeue"
+                ;;
+            tombstoned__subcmd__operations,grant)
+                cmd="tombstoned__subcmd__operations__subcmd__grant"
+                ;;
+            tombstoned__subcmd__operations,help)
+                cmd="tombstoned__subcmd__operations__subcmd__help"
+                ;;
+            tombstoned__subcmd__operations,list)
+                cmd="tombstoned__subcmd__operations__subcmd__list"
+                ;;
+            tombstoned__subcmd__operations,revoke)
+                cmd="tombstoned__subcmd__operations__subcmd__revoke"
+                ;;
+            tombstoned__subcmd__operations__subcmd__help,grant)
+                cmd="tombstoned__subcmd__operations__subcmd__help__subcmd__grant"
+                ;;
+            tombstoned__subcmd__operations__subcmd__help,help)
+                cmd="tombstoned__subcmd__operations__subcmd__help__subcmd__help"
+                ;;
+            tombstoned__subcmd__operations__subcmd__help,list)
+                cmd="tombstoned__subcmd__operations__subcmd__help__subcmd__list"
+                ;;
+            tombstoned__subcmd__operations__subcmd__help,revoke)
+                cmd="tombstoned__subcmd__operations__subcmd__help__subcmd__revoke"
                 ;;
             tombstoned__subcmd__outbox,deliver)
                 cmd="tombstoned__subcmd__outbox__subcmd__deliver"
@@ -110,7 +149,7 @@ _tombstoned() {
 
     case "${cmd}" in
         tombstoned)
-            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config status demo outbox conformance help"
+            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config status demo outbox conformance operations help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -264,7 +303,7 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__help)
-            opts="serve cleanup migrate check-config status demo outbox conformance help"
+            opts="serve cleanup migrate check-config status demo outbox conformance operations help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -350,6 +389,62 @@ _tombstoned() {
         tombstoned__subcmd__help__subcmd__migrate)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__operations)
+            opts="grant revoke list"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__operations__subcmd__grant)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__operations__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__operations__subcmd__revoke)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -448,6 +543,164 @@ _tombstoned() {
         tombstoned__subcmd__migrate)
             opts="-h --status --config --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations)
+            opts="-h --config --log-format --help grant revoke list help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations__subcmd__grant)
+            opts="-h --force --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations__subcmd__help)
+            opts="grant revoke list help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations__subcmd__help__subcmd__grant)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations__subcmd__help__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations__subcmd__help__subcmd__revoke)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations__subcmd__list)
+            opts="-h --json --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__operations__subcmd__revoke)
+            opts="-h --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

@@ -18,7 +18,8 @@ CREATE TABLE tombstoned.outbox_events (
     last_status smallint,
     last_error text,
     dead_lettered_at timestamp with time zone,
-    aggregate_id text
+    aggregate_id text,
+    sender text DEFAULT SESSION_USER
 );
 
 ALTER TABLE tombstoned.outbox_events ADD CONSTRAINT outbox_events_aggregate_id_length CHECK (((aggregate_id IS NULL) OR ((char_length(aggregate_id) >= 1) AND (char_length(aggregate_id) <= 255))));

@@ -1,16 +1,18 @@
-//! `tombstoned check-config`: the configuration as understood, and the next five cleanup fire
-//! times.
+//! `tombstoned check-config`: the configuration as understood, the roles still holding a
+//! transitional grant of the SQL API's operations (when the database answers), and the next five
+//! cleanup fire times.
 
 use std::fmt::Write as _;
 
-use crate::config::Config;
+use crate::config::{Config, DatabaseConfig};
 use crate::db;
 use crate::exit::Exit;
 use crate::stdout;
 
 /// Prints the validated configuration; loading it, the tokens file and the webhook secret was
-/// the check.
-pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
+/// the check. The database is asked one thing, never failing the check: which roles still hold
+/// a transitional grant.
+pub(super) async fn run(config: &Config) -> anyhow::Result<Exit> {
     let mut out = String::new();
     let origin = config
         .source
@@ -36,6 +38,11 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
          refuses a schema with another version, `tombstoned status` shows the schema's)",
         crate::schema::API_VERSION,
         config.database.schema
+    );
+    let _ = writeln!(
+        out,
+        "operations: {}",
+        transitional_line(&config.database).await
     );
     let purge = config.retention.purge_tombstones_after.map_or(
         "off (tombstones are kept forever)".to_owned(),
@@ -135,4 +142,16 @@ pub(super) fn run(config: &Config) -> anyhow::Result<Exit> {
     }
     stdout::print(&out)?;
     Ok(Exit::Success)
+}
+
+/// The roles still holding a transitional grant, or why that was not checked.
+async fn transitional_line(database: &DatabaseConfig) -> String {
+    let session = match db::connect(database, "check-config").await {
+        Ok(session) => session,
+        Err(e) => return format!("not checked ({})", db::error_text(&e)),
+    };
+    match crate::operations::transitional(&session.conn()).await {
+        Ok(transitional) => transitional.describe(),
+        Err(e) => format!("not checked ({})", db::error_text(&e)),
+    }
 }

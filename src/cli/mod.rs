@@ -10,6 +10,7 @@ mod conformance;
 mod demo;
 pub mod generate;
 mod migrate;
+mod operations;
 mod outbox;
 mod serve;
 mod status;
@@ -81,6 +82,10 @@ pub enum Command {
     /// Check that an HTTP endpoint keeps the idempotency contract: nine checks, one line each.
     #[command(long_about = conformance::LONG_ABOUT)]
     Conformance(conformance::ConformanceArgs),
+    /// Grant operations of the SQL API to database roles, revoke them, list them and their
+    /// history (with the configuration of the role that ran `migrate`).
+    #[command(subcommand)]
+    Operations(operations::OperationsCommand),
     /// Write the man pages or the shell completions (for packagers; see `dist/`).
     #[command(hide = true)]
     Generate(generate::GenerateArgs),
@@ -267,6 +272,12 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
                 return Exit::Usage;
             }
         }
+        // A grant the operator asked for that cannot be made as asked.
+        if let Some(e) = cause.downcast_ref::<crate::operations::OperationsError>() {
+            if e.is_usage() {
+                return Exit::Usage;
+            }
+        }
         // cleanup.max_replica_lag with a role that cannot see the lag: the operator's to fix.
         if let Some(e) = cause.downcast_ref::<crate::cleanup::CleanupError>() {
             if e.is_configuration() {
@@ -419,11 +430,12 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     }
     let config = Config::load(cli.config.as_deref(), &overrides)?;
     match cli.command {
-        Command::CheckConfig => check_config::run(&config),
+        Command::CheckConfig => runtime()?.block_on(check_config::run(&config)),
         Command::Migrate(args) => runtime()?.block_on(migrate::run(&config, args)),
         Command::Cleanup(args) => single_thread_runtime()?.block_on(cleanup::run(&config, &args)),
         Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
         Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
+        Command::Operations(command) => runtime()?.block_on(operations::run(&config, &command)),
         Command::Status(args) => runtime()?.block_on(status::run(&config, &args)),
         #[cfg(feature = "demo")]
         Command::Demo(_) => unreachable!("handled above"),

@@ -188,6 +188,12 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
     };
     let _ = writeln!(out, "outbox        {outbox}");
 
+    let operations = match &r.transitional_grants {
+        None => crate::operations::Transitional::NotVisible,
+        Some(roles) => crate::operations::Transitional::Roles(roles.clone()),
+    };
+    let _ = writeln!(out, "operations    {}", operations.describe());
+
     let health = match (max_age, problem) {
         (None, _) => "not checked (give --max-age)".to_owned(),
         (Some(_), Some(problem)) => format!("STALE: {problem}"),

@@ -145,6 +145,10 @@ pub struct Event {
     pub created_at: DateTime<Utc>,
     /// Attempts including the one this lease is for.
     pub attempts: i32,
+    /// The database role that inserted it (its session_user): the service that called
+    /// `enqueue_event`, or the daemon's role for the endpoint's order events; `None` for events
+    /// enqueued before schema V8.
+    pub sender: Option<String>,
 }
 
 /// What an event is about: exactly one of the two (`outbox_events_one_subject`).
@@ -196,14 +200,16 @@ struct Body<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     aggregate_id: Option<&'a str>,
     tenant_id: &'a str,
+    sender: Option<&'a str>,
     created_at: String,
     data: &'a serde_json::Value,
 }
 
 impl Event {
     /// The request body (README "Outbox delivery" documents it):
-    /// `{"event_id", "type", "sequence", "order_id", "tenant_id", "created_at", "data"}`, with
-    /// `aggregate_id` in place of `order_id` for an aggregate's event.
+    /// `{"event_id", "type", "sequence", "order_id", "tenant_id", "sender", "created_at", "data"}`,
+    /// with `aggregate_id` in place of `order_id` for an aggregate's event. The signature covers
+    /// all of it, `sender` included: a receiver may authorise by it.
     pub fn body(&self) -> Vec<u8> {
         let body = Body {
             event_id: self.event_id,
@@ -212,6 +218,7 @@ impl Event {
             order_id: self.subject.order_id(),
             aggregate_id: self.subject.aggregate_id(),
             tenant_id: &self.tenant_id,
+            sender: self.sender.as_deref(),
             created_at: self.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
             data: &self.payload,
         };
@@ -229,6 +236,7 @@ impl Event {
             payload: row.try_get("payload")?,
             created_at: row.try_get("created_at")?,
             attempts: row.try_get("attempts")?,
+            sender: row.try_get("sender")?,
         })
     }
 }
@@ -248,13 +256,15 @@ mod tests {
             payload: serde_json::json!({"order": {"item": "book"}, "metadata": {}}),
             created_at: DateTime::from_timestamp(1_800_000_000, 123_456_000).unwrap(),
             attempts: 3,
+            sender: Some("tombstoned".into()),
         };
         let text = String::from_utf8(event.body()).unwrap();
         assert_eq!(
             text,
             "{\"event_id\":\"00000000-0000-0000-0000-000000000001\",\"type\":\"order.created\",\
              \"sequence\":1,\"order_id\":\"00000000-0000-0000-0000-000000000002\",\
-             \"tenant_id\":\"acme\",\"created_at\":\"2027-01-15T08:00:00.123456Z\",\
+             \"tenant_id\":\"acme\",\"sender\":\"tombstoned\",\
+             \"created_at\":\"2027-01-15T08:00:00.123456Z\",\
              \"data\":{\"metadata\":{},\"order\":{\"item\":\"book\"}}}"
         );
         assert_eq!(

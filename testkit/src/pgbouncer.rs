@@ -92,6 +92,54 @@ impl PgBouncer {
         mode: PoolMode,
         pool_size: u32,
     ) -> Result<PgBouncer, PgBouncerError> {
+        Self::start_for_logins(server, cluster, mode, pool_size, &[], None).await
+    }
+
+    /// [`PgBouncer::start`], letting `logins` log in too (roles of the server without a
+    /// password, as a throwaway cluster's loopback trusts them): one pool per role and
+    /// database, each logging in to the server as its client's role.
+    pub async fn start_with_logins(mode: PoolMode, pool_size: u32, logins: &[&str]) -> PgBouncer {
+        Self::start_in_harness(mode, pool_size, logins, None).await
+    }
+
+    /// [`PgBouncer::start_with_logins`] with `user=forced_user` in its `[databases]` entry:
+    /// whoever a client logs in as, its server connections log in as `forced_user`.
+    pub async fn start_with_forced_user(
+        mode: PoolMode,
+        pool_size: u32,
+        logins: &[&str],
+        forced_user: &str,
+    ) -> PgBouncer {
+        Self::start_in_harness(mode, pool_size, logins, Some(forced_user)).await
+    }
+
+    /// In front of the tests' harness server; panics when it cannot start (a test's set-up).
+    async fn start_in_harness(
+        mode: PoolMode,
+        pool_size: u32,
+        logins: &[&str],
+        forced_user: Option<&str>,
+    ) -> PgBouncer {
+        Self::start_for_logins(
+            harness::server(),
+            harness::cluster(),
+            mode,
+            pool_size,
+            logins,
+            forced_user,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    async fn start_for_logins(
+        server: &tokio_postgres::Config,
+        cluster: Option<&ThrowawayCluster>,
+        mode: PoolMode,
+        pool_size: u32,
+        logins: &[&str],
+        forced_user: Option<&str>,
+    ) -> Result<PgBouncer, PgBouncerError> {
         let host = match server.get_hosts().first() {
             Some(Host::Tcp(h)) => h.clone(),
             Some(Host::Unix(path)) => path.display().to_string(),
@@ -109,12 +157,16 @@ impl PgBouncer {
         let dir = tempfile::tempdir()?;
         let ini = dir.path().join("pgbouncer.ini");
         let users = dir.path().join("userlist.txt");
-        std::fs::write(&users, format!("\"{user}\" \"{password}\"\n"))?;
+        let mut userlist = format!("\"{user}\" \"{password}\"\n");
+        for login in logins {
+            userlist.push_str(&format!("\"{}\" \"\"\n", login.replace('"', "\"\"")));
+        }
+        std::fs::write(&users, userlist)?;
         std::fs::write(
             &ini,
             format!(
                 "[databases]\n\
-                 * = host={host} port={upstream}\n\
+                 * = host={host} port={upstream}{forced}\n\
                  [pgbouncer]\n\
                  listen_addr = 127.0.0.1\n\
                  listen_port = {port}\n\
@@ -128,6 +180,7 @@ impl PgBouncer {
                  pidfile =\n",
                 users = users.display(),
                 mode = mode.ini(),
+                forced = forced_user.map_or(String::new(), |u| format!(" user={u}")),
             ),
         )?;
         // Readable by the unprivileged user PgBouncer runs as (the userlist only holds a
@@ -166,9 +219,15 @@ impl PgBouncer {
 
     /// A libpq URL of database `dbname` through PgBouncer.
     pub fn url(&self, dbname: &str) -> String {
+        self.url_as(dbname, &self.user)
+    }
+
+    /// A libpq URL of database `dbname` through PgBouncer, logging in as `user` (one of the
+    /// `logins` it was started with).
+    pub fn url_as(&self, dbname: &str, user: &str) -> String {
         format!(
-            "host=127.0.0.1 port={} user={} dbname={dbname}",
-            self.port, self.user
+            "host=127.0.0.1 port={} user={user} dbname={dbname}",
+            self.port
         )
     }
 

@@ -322,6 +322,26 @@ async fn a_response_lost_to_a_vanished_client_is_replayed_on_retry() {
     let observer = api.db.client().await;
     wait_until_app_lock_wait(&observer, "tombstoned/api", WAIT).await;
     drop(socket); // the client is gone; the handler future is dropped with its connection
+                  // Only once the server has observably dropped the request (it stopped counting it) does the
+                  // holder let the claim go on: from there only the hand-off to a task of its own can finish
+                  // it. (This is the scope's first claim: its first statement writes nothing and the claim
+                  // must go on to insert the scope and claim again.)
+    let in_flight =
+        || crate::daemon_support::sample(&api.metrics_text(), "tombstoned_http_requests_in_flight");
+    let deadline = std::time::Instant::now() + WAIT;
+    while in_flight() != Some(0.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never noticed the client went away: in flight {:?}",
+            in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        api.count("idempotency_records").await,
+        0,
+        "nothing committed before the holder let go"
+    );
     holder.batch_execute("COMMIT").await.unwrap();
 
     // The abandoned claim still commits.

@@ -11,7 +11,7 @@
 //! | `TOMBSTONED_BIN` | the `tombstoned` binary built for these tests |
 //! | `TOMBSTONED_TEST_CONFIG` | a configuration file for that binary, pointing at the database as the migrating role |
 //! | `TOMBSTONED_TEST_ADMIN_URL` | the migrating role (owns the schema): inspect rows, create roles and tables |
-//! | `TOMBSTONED_TEST_SERVICE_URL` | the service role, with the documented grants only |
+//! | `TOMBSTONED_TEST_SERVICE_URL` | the service role, with the documented grants only, and operation `create-payment` |
 //! | `TOMBSTONED_TEST_SERVICE_ROLE` | that role's name |
 //! | `TOMBSTONED_TEST_SCHEMA` | the schema the functions live in |
 
@@ -22,6 +22,9 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 
 use crate::harness::{self, server, TestDb};
+
+/// The operation the suites' service role is granted (`tombstoned operations grant`).
+pub const SUITE_OPERATION: &str = "create-payment";
 
 /// How long a whole client suite may take before the test gives up on it.
 pub const SUITE_PATIENCE: Duration = Duration::from_secs(600);
@@ -38,7 +41,8 @@ pub struct ClientEnv {
 
 impl ClientEnv {
     /// A fresh migrated database, a service role named after `suite` with the documented
-    /// grants, and a configuration file under the test's temporary directory.
+    /// grants and the operation [`SUITE_OPERATION`], and a configuration file under the test's
+    /// temporary directory.
     pub async fn new(suite: &str) -> ClientEnv {
         let db = TestDb::new().await;
         let config = db.config();
@@ -71,6 +75,20 @@ impl ClientEnv {
             ),
         )
         .unwrap();
+        // The operation the suites use, granted as the README says: the command, run with the
+        // migrating role's configuration (issue 36).
+        let granted = std::process::Command::new(harness::binary())
+            .args(["--config", &config_file.display().to_string()])
+            .args(["operations", "grant", SUITE_OPERATION, &service_role])
+            .env_remove("TOMBSTONED_DATABASE_URL")
+            .env_remove("TOMBSTONED_CONFIG")
+            .output()
+            .unwrap_or_else(|e| panic!("run tombstoned operations grant: {e}"));
+        assert!(
+            granted.status.success(),
+            "tombstoned operations grant {SUITE_OPERATION} {service_role}: {}",
+            String::from_utf8_lossy(&granted.stderr)
+        );
         let vars = vec![
             ("TOMBSTONED_BIN".to_owned(), harness::binary().to_owned()),
             (

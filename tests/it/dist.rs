@@ -59,6 +59,10 @@ fn checked_in_man_pages_and_completions_match_the_command_line() {
             "tombstoned-outbox-list.8",
             "tombstoned-outbox-requeue.8",
             "tombstoned-conformance.8",
+            "tombstoned-operations.8",
+            "tombstoned-operations-grant.8",
+            "tombstoned-operations-revoke.8",
+            "tombstoned-operations-list.8",
         ],
         "one page per visible command and nested command; the hidden `generate` has none"
     );

@@ -56,6 +56,7 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("error-line", &[]),
     ("webhook", &[]),
     ("conformance", &[]),
+    ("operations", &[]),
 ];
 
 /// Groups whose sample is not a console block: (group, language).
@@ -518,6 +519,23 @@ async fn the_check_config_sample_is_what_check_config_prints() {
     shell.finish();
 }
 
+/// docs/api.md's `operations` sample: a service role's grant, `create-order` refused, the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operations_sample_is_what_the_command_prints() {
+    let db = TestDb::new().await;
+    sample_role(
+        &db,
+        "payments_service",
+        &crate::clients_support::documented_grants("tombstoned", "payments_service"),
+    )
+    .await;
+    let mut shell = Shell::new(&[("TOMBSTONED_DATABASE_URL", &db.url)]);
+    for block in samples("operations") {
+        shell.run(&block).await;
+    }
+    shell.finish();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_error_line_sample_is_what_a_failed_command_prints() {
     let mut shell = Shell::new(&[]);
@@ -611,12 +629,38 @@ async fn receive_one(listener: tokio::net::TcpListener) -> String {
     String::from_utf8_lossy(&raw).into_owned()
 }
 
-/// The README's webhook: an order created through the API (with the walkthrough's body), then
-/// `tombstoned outbox deliver` to a listener of this test at `/hooks/orders`.
+/// A role of the cluster the samples name, made once by whichever test gets there first (roles
+/// are cluster-wide), with `grants` on this test's database.
+async fn sample_role(db: &TestDb, role: &str, grants: &str) {
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!(
+            "DO $$ BEGIN CREATE ROLE {role} LOGIN; \
+             EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$; {grants}"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("the sample's role {role}: {e}"));
+}
+
+/// The README's webhook: an order created through the API (with the walkthrough's body) by a
+/// daemon running as the role `tombstoned` (with the grants of "Installing without the package"),
+/// then `tombstoned outbox deliver` to a listener of this test at `/hooks/orders`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_sample_is_what_the_relay_sends() {
     let db = TestDb::new().await;
-    let daemon = Daemon::start(Spec::new(&db.url)).await;
+    sample_role(
+        &db,
+        "tombstoned",
+        "GRANT USAGE ON SCHEMA tombstoned TO tombstoned;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA tombstoned TO tombstoned;
+         GRANT EXECUTE ON FUNCTION tombstoned.cleanup_lease_required(timestamptz) TO tombstoned;",
+    )
+    .await;
+    let daemon = Daemon::start(Spec::new(&crate::operations_support::url_as(
+        &db,
+        "tombstoned",
+    )))
+    .await;
     let created = daemon
         .create_order(
             "example-acme-alice-token",

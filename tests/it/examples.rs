@@ -65,8 +65,15 @@ pub(crate) struct Running {
     _server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
-/// The role and connection URL of the service, with its table made from examples/payments.sql.
+/// The role and connection URL of the service, with its table made from examples/payments.sql
+/// and its operation granted.
 pub(crate) async fn service_role(db: &TestDb) -> String {
+    service_role_at(db, None).await
+}
+
+/// [`service_role`], its URL pointing at 127.0.0.1:`port` instead of the server when given (a
+/// proxy in front of it, which reads the protocol in plaintext: no TLS).
+async fn service_role_at(db: &TestDb, port: Option<u16>) -> String {
     let role = format!("pay_{}", db.name);
     let password = "example-password";
     let admin = db.client().await;
@@ -84,12 +91,23 @@ pub(crate) async fn service_role(db: &TestDb) -> String {
         ))
         .await
         .unwrap();
+    // Its operation, granted as examples/README.md says (issue 36).
+    crate::operations_support::grant(db, OPERATION, &role).await;
     let host = match server().get_hosts().first() {
         Some(Host::Tcp(host)) => host.clone(),
         other => panic!("the examples' tests need a TCP server, not {other:?}"),
     };
-    let port = server().get_ports().first().copied().unwrap_or(5432);
-    format!("postgresql://{role}:{password}@{host}:{port}/{}", db.name)
+    let server_port = server().get_ports().first().copied().unwrap_or(5432);
+    match port {
+        None => format!(
+            "postgresql://{role}:{password}@{host}:{server_port}/{}",
+            db.name
+        ),
+        Some(port) => format!(
+            "postgresql://{role}:{password}@127.0.0.1:{port}/{}?sslmode=disable",
+            db.name
+        ),
+    }
 }
 
 fn tokens() -> String {
@@ -465,6 +483,144 @@ async fn exercise(example: Example) {
         "{context}: reuse stays refused after expiry"
     );
     assert_eq!(count(&admin, payments_of, "r-1").await, 1, "{context}");
+}
+
+/// Posts `body` under `key` while the answer is 503 with `Retry-After` (what a client told to
+/// retry later does), at most a few times; the first other answer.
+async fn retry_until_answered(base: &str, key: &str, body: &Value, context: &str) -> Reply {
+    for _ in 0..5 {
+        let reply = post(base, TOKEN, key, body).await;
+        if reply.status != 503 {
+            return reply;
+        }
+        assert!(
+            reply.header("retry-after").is_some(),
+            "{context}: {reply:?}"
+        );
+    }
+    panic!("{context}: still 503 after 5 retries");
+}
+
+/// An answer the README's table gives for a database that cannot answer now: 503 with
+/// `Retry-After` (retry with the same key).
+fn assert_retry_later(reply: &Reply, context: &str) {
+    assert_eq!(reply.status, 503, "{context}: {reply:?}");
+    let after = reply.header("retry-after").unwrap_or_default();
+    assert!(
+        after.parse::<u32>().is_ok_and(|s| s >= 1),
+        "{context}: Retry-After {after:?}"
+    );
+}
+
+/// The 503 branches of one example, through a proxy between it and PostgreSQL: a commit whose
+/// outcome is unknown (the connection cut after the server committed, before its answer: the
+/// retry replays the payment made once), a database that does not answer (every connection
+/// closed: nothing written, the retry once it is back creates the payment once), and a database
+/// that refuses writes (SQLSTATE 25006 seen going through: nothing written, the key is not
+/// consumed). The answers asserted are the README's (503 and `Retry-After`), not the examples'
+/// wording.
+async fn unavailable(example: Example) {
+    use crate::api_commit_loss::{Cut, CuttingProxy};
+    let db = TestDb::new().await;
+    let upstream = server().get_ports().first().copied().unwrap_or(5432);
+    let proxy = CuttingProxy::start(upstream, Cut::AfterCommit).await;
+    let url = service_role_at(&db, Some(proxy.port)).await;
+    let admin = db.client().await;
+    let service = start(example, &db, &url).await;
+    let base = service.base.as_str();
+    let context = format!("{example:?} (its log: {})", service.log.display());
+    let payments_of = "SELECT count(*) FROM public.payments WHERE request_id = $1";
+    let records_of = "SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1";
+    let warm = post(base, TOKEN, "k-warm", &request("r-warm", "1.00")).await;
+    assert_eq!(warm.status, 201, "{context}: {warm:?}");
+
+    // The commit's answer lost: outcome unknown. It did commit: the retry replays it.
+    proxy.arm();
+    let lost = post(base, TOKEN, "k-lost", &request("r-lost", "2.00")).await;
+    assert_retry_later(&lost, &context);
+    assert_eq!(
+        proxy.cuts(),
+        1,
+        "{context}: the connection was cut at COMMIT"
+    );
+    assert_eq!(count(&admin, payments_of, "r-lost").await, 1, "{context}");
+    let stored: String = admin
+        .query_one(
+            "SELECT response_body::text FROM idempotency_records WHERE idempotency_key = $1",
+            &[&"k-lost"],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let retried = retry_until_answered(base, "k-lost", &request("r-lost", "2.00"), &context).await;
+    assert_eq!(retried.status, 201, "{context}: {retried:?}");
+    assert!(retried.replayed(), "{context}: {retried:?}");
+    assert_eq!(retried.body, stored.as_bytes(), "{context}");
+    assert_eq!(count(&admin, payments_of, "r-lost").await, 1, "{context}");
+
+    // The database does not answer: 503, nothing written. Back, the retry creates it once.
+    proxy.set_down(true);
+    let down = post(base, TOKEN, "k-down", &request("r-down", "3.00")).await;
+    assert_retry_later(&down, &context);
+    assert_eq!(count(&admin, records_of, "k-down").await, 0, "{context}");
+    proxy.set_down(false);
+    let back = retry_until_answered(base, "k-down", &request("r-down", "3.00"), &context).await;
+    assert_eq!((back.status, back.replayed()), (201, false), "{context}");
+    assert_eq!(count(&admin, payments_of, "r-down").await, 1, "{context}");
+
+    // The database refuses writes (as a standby does): a new instance of the example, whose
+    // sessions are all read-only, answers 503 after the server's 25006; nothing is written,
+    // and the key is still free for the instance that may write.
+    let role = url
+        .strip_prefix("postgresql://")
+        .and_then(|rest| rest.split(':').next())
+        .unwrap()
+        .to_owned();
+    let read_only = |on: bool| {
+        format!(
+            "ALTER ROLE {role} IN DATABASE {} {}",
+            db.name,
+            if on {
+                "SET default_transaction_read_only = on"
+            } else {
+                "RESET default_transaction_read_only"
+            }
+        )
+    };
+    admin.batch_execute(&read_only(true)).await.unwrap();
+    let standby = start(example, &db, &url).await;
+    let errors_before = proxy.errors().len();
+    let refused = post(&standby.base, TOKEN, "k-ro", &request("r-ro", "4.00")).await;
+    assert_retry_later(&refused, &context);
+    assert!(
+        proxy.errors()[errors_before..].contains(&"25006".to_owned()),
+        "{context}: the server refused a write: {:?}",
+        proxy.errors()
+    );
+    assert_eq!(count(&admin, records_of, "k-ro").await, 0, "{context}");
+    admin.batch_execute(&read_only(false)).await.unwrap();
+    let written = retry_until_answered(base, "k-ro", &request("r-ro", "4.00"), &context).await;
+    assert_eq!(
+        (written.status, written.replayed()),
+        (201, false),
+        "{context}"
+    );
+    assert_eq!(count(&admin, payments_of, "r-ro").await, 1, "{context}");
+}
+
+#[tokio::test]
+async fn python_payments_example_503s() {
+    unavailable(Example::Python).await;
+}
+
+#[tokio::test]
+async fn node_payments_example_503s() {
+    unavailable(Example::Node).await;
+}
+
+#[tokio::test]
+async fn rust_payments_example_503s() {
+    unavailable(Example::Rust).await;
 }
 
 #[tokio::test]

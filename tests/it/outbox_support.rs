@@ -265,7 +265,7 @@ impl Receiver {
 
 /// `webhook-signature` may list several space-separated `v1,<base64>` signatures (secret
 /// rotation); one match is enough.
-fn signature_ok(key: &[u8], headers: &HeaderMap, body: &[u8]) -> Option<String> {
+pub fn signature_ok(key: &[u8], headers: &HeaderMap, body: &[u8]) -> Option<String> {
     let header = |name: &str| headers.get(name)?.to_str().ok().map(str::to_owned);
     let id = header("webhook-id")?;
     let timestamp = header("webhook-timestamp")?;

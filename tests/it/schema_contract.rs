@@ -43,19 +43,41 @@ const UPDATE: &str = "TOMBSTONED_UPDATE_SCHEMA";
 /// Functions that do not keep every convention of schema/README.md, each with the reason. The
 /// test fails for any other function that breaks one, and for an exception that no longer
 /// breaks any (so the list stays short and true).
-const CONVENTION_EXCEPTIONS: &[(&str, &str)] = &[
+const CONVENTION_EXCEPTIONS: &[(&str, &str)] = &[(
+    "replay_window_open",
+    "the replay window's rule (V7), which the planner inlines into every statement that judges a \
+     window, the endpoint's included: SECURITY DEFINER or a SET clause would stop the inlining, \
+     and every role that runs the endpoint's statements must execute it; it reads nothing but its \
+     two arguments, writes nothing and reveals nothing",
+)];
+
+/// Internal functions that run with their caller's privileges on purpose (V8: a service role
+/// must not be able to call them however it was granted), and why. They keep every other
+/// convention: a pinned search_path with pg_temp last, no EXECUTE for PUBLIC.
+const SECURITY_INVOKER: &[(&str, &str)] = &[
     (
-        "cleanup_lease_required",
-        "until issue 36's migration fixes it: V3 made it executable by PUBLIC and not SECURITY \
-         DEFINER (it reads no table; daemons running as another role than migrate's call it in \
-         every cleanup batch)",
+        "require_scope",
+        "runs as its caller, the API function's owner; refuses a caller that may not read the \
+         grants, as every service role (42501)",
     ),
     (
-        "replay_window_open",
-        "the replay window's rule (V7), which the planner inlines into every statement that \
-         judges a window, the endpoint's included: SECURITY DEFINER or a SET clause would stop \
-         the inlining, and every role that runs the endpoint's statements must execute it; it \
-         reads nothing but its two arguments",
+        "require_fingerprint",
+        "the same refusal as require_scope; reads no table",
+    ),
+    (
+        "record_outcome",
+        "a service role calling it directly has no privilege on the tables it reads (42501)",
+    ),
+    ("find_scope", "as record_outcome"),
+    ("ensure_scope", "as record_outcome"),
+    (
+        "endpoint_claim_order",
+        "the endpoint's: runs with the daemon's own table privileges, so it gives no role a right \
+         it does not already hold",
+    ),
+    (
+        "endpoint_claim_rejected",
+        "the endpoint's: as endpoint_claim_order",
     ),
 ];
 
@@ -122,8 +144,9 @@ async fn the_migrated_schema_is_the_committed_contract() {
     );
 }
 
-/// Every function of `schema_name`: SECURITY DEFINER, a pinned search_path with `pg_temp` last,
-/// not executable by PUBLIC — or on [`CONVENTION_EXCEPTIONS`], which must still be needed.
+/// Every function of `schema_name`: SECURITY DEFINER (or on [`SECURITY_INVOKER`]), a pinned
+/// search_path with `pg_temp` last, not executable by PUBLIC — or on [`CONVENTION_EXCEPTIONS`],
+/// which must still be needed.
 async fn convention_breaches(client: &Client, schema_name: &str) -> Vec<String> {
     let rows = client
         .query(
@@ -141,8 +164,13 @@ async fn convention_breaches(client: &Client, schema_name: &str) -> Vec<String> 
     for row in &rows {
         let name: String = row.get(0);
         let mut breaches = Vec::new();
-        if !row.get::<_, bool>(1) {
-            breaches.push("is not SECURITY DEFINER".to_owned());
+        let invoker = SECURITY_INVOKER.iter().find(|(n, _)| *n == name);
+        match (row.get::<_, bool>(1), invoker) {
+            (false, None) => breaches.push("is not SECURITY DEFINER".to_owned()),
+            (true, Some((_, reason))) => breaches.push(format!(
+                "is SECURITY DEFINER but listed in SECURITY_INVOKER ({reason}): take it off"
+            )),
+            _ => {}
         }
         let config: Vec<String> = row.get(2);
         let path = config
@@ -172,6 +200,13 @@ async fn convention_breaches(client: &Client, schema_name: &str) -> Vec<String> 
         }
     }
     if schema_name == RENDERED[0].0 {
+        for (name, _) in SECURITY_INVOKER {
+            if !rows.iter().any(|r| r.get::<_, String>(0) == *name) {
+                broken.push(format!(
+                    "{name} is listed in SECURITY_INVOKER but does not exist"
+                ));
+            }
+        }
         for (name, reason) in CONVENTION_EXCEPTIONS {
             if !excepted_and_breaking.iter().any(|n| n == name) {
                 broken.push(format!(

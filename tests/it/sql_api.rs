@@ -58,8 +58,8 @@ fn sqlstate(e: &tokio_postgres::Error) -> &str {
     e.code().map_or("(none)", SqlState::code)
 }
 
-/// A role with exactly the README's two GRANTs (and its own business table, `shop.payments`,
-/// with a unique business id), and a session of it.
+/// A role with exactly the README's two GRANTs and its operation (and its own business table,
+/// `shop.payments`, with a unique business id), and a session of it.
 struct Service {
     client: Client,
     role: String,
@@ -85,6 +85,19 @@ impl Service {
             ))
             .await
             .unwrap();
+        // Its operation, as the README has the operator grant it (issue 36). On a schema from
+        // before V8 the upgrade gives it a transitional grant instead.
+        let granted: bool = admin
+            .query_one(
+                "SELECT to_regclass('tombstoned.operation_grants') IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if granted {
+            crate::operations_support::grant(db, OPERATION, &role).await;
+        }
         let client = Service::connect(db, &role).await;
         Service { client, role }
     }
@@ -386,6 +399,7 @@ async fn a_waiting_claim_replays_after_commit_owns_after_rollback_and_times_out_
     let db = TestDb::new().await;
     let observer = db.client().await;
     let svc = Service::create(&db).await;
+    crate::operations_support::grant(&db, "op", &svc.role).await;
     let first = &svc.client;
     let second = Service::connect(&db, &svc.role).await;
     let waiter_pid = backend_pid(&second).await;
@@ -511,6 +525,8 @@ async fn misuse_is_refused_with_its_sqlstate_and_leaves_nothing() {
     let db = TestDb::new().await;
     let admin = db.client().await;
     let svc = Service::create(&db).await;
+    // The invalid-argument cases below name the operation `op`.
+    crate::operations_support::grant(&db, "op", &svc.role).await;
     let c = &svc.client;
     let fp = fingerprint(c, &intent_of("m", 1)).await;
     let body = serde_json::json!({"ok": true});
@@ -1346,10 +1362,11 @@ async fn v4_upgrades_a_populated_v3_database_and_both_kinds_of_record_live_side_
         crate::schema_support::versions_after(4)
     );
 
-    // The endpoint's record, seen through the functions: its order id is its resource.
+    // The endpoint's record, seen through the functions by the daemon's role (create-order is
+    // its operation, V8): its order id is its resource.
     let svc = Service::create(&db).await;
     let c = &svc.client;
-    let row = c
+    let row = admin
         .query_one(
             "SELECT outcome, resource_id, response_body FROM tombstoned.lookup('acme', 'alice',
                  'create-order', 'v3-key', sha256('v3'))",
@@ -1424,6 +1441,7 @@ async fn two_first_claims_of_a_new_scope_both_own_their_keys_after_commit_or_rol
     let db = TestDb::new().await;
     let observer = db.client().await;
     let svc = Service::create(&db).await;
+    crate::operations_support::grant(&db, "op", &svc.role).await;
     let first = &svc.client;
     let second = Service::connect(&db, &svc.role).await;
     let waiter_pid = backend_pid(&second).await;
@@ -1767,7 +1785,7 @@ async fn migrate_installs_the_sql_api_as_an_unprivileged_database_owner() {
         applied.iter().map(|m| m.version).collect::<Vec<_>>(),
         crate::schema_support::versions_after(0)
     );
-    // Its functions work for a service role it grants them to.
+    // Its functions work for a service role it grants them to, and the operation it grants.
     let owner = Service::connect(&db, &role).await;
     let service = format!("svc_{}", db.name);
     admin
@@ -1781,6 +1799,18 @@ async fn migrate_installs_the_sql_api_as_an_unprivileged_database_owner() {
         ))
         .await
         .unwrap();
+    // The owner, without CREATEROLE, grants the operation as the README says.
+    let as_owner = tombstoned::db::connect(&config.database, "test-operations")
+        .await
+        .unwrap();
+    tombstoned::operations::grant(
+        &as_owner.conn(),
+        &tombstoned::operations::Operation::parse(OPERATION).unwrap(),
+        &service,
+        false,
+    )
+    .await
+    .unwrap();
     let c = Service::connect(&db, &service).await;
     let fp = fingerprint(&c, r#"{"a": 1}"#).await;
     c.batch_execute("BEGIN").await.unwrap();

@@ -67,14 +67,19 @@ CREATE OR REPLACE FUNCTION public.py_payment_body(p public.py_payments) RETURNS 
 BUSINESS_CONSTRAINT = "py_payments_request_id_key"
 
 
-def set_up_role(conn: psycopg.Connection[Any], role: str) -> None:
-    """What a service role of this suite gets: the README's two GRANTs (tests/it/clients_support.rs
-    gave them to the main role already; repeating them changes nothing). The one place of a
-    role's set-up: a grant the suite's OPERATION needs goes here."""
+def set_up_role(conn: psycopg.Connection[Any], role: str, operation: str = OPERATION) -> None:
+    """What a service role of this suite gets: the README's two GRANTs and its operation, granted
+    through the daemon's own command (tests/it/clients_support.rs gave both to the main role
+    already; repeating them changes nothing). The one place of a role's set-up."""
     conn.execute(
         sql.SQL(
             "GRANT USAGE ON SCHEMA {s} TO {r}; GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r}"
         ).format(s=sql.Identifier(SCHEMA), r=sql.Identifier(role))
+    )
+    subprocess.run(
+        [BIN, "--config", CONFIG, "operations", "grant", operation, role],
+        check=True,
+        capture_output=True,
     )
 
 

@@ -4,8 +4,14 @@
 CREATE OR REPLACE FUNCTION tombstoned.cleanup_lease_required(renewed_until timestamp with time zone)
  RETURNS timestamp with time zone
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'tombstoned', 'pg_temp'
 AS $function$
 BEGIN
+    IF NOT has_table_privilege(session_user, 'cleanup_lease', 'UPDATE') THEN
+        RAISE EXCEPTION 'role "%" may not renew the cleanup lease (cleanup_lease_required() is the cleaner''s)', session_user
+            USING ERRCODE = '42501';
+    END IF;
     IF renewed_until IS NULL THEN
         RAISE EXCEPTION 'the cleanup lease is no longer held by this run'
             USING ERRCODE = 'TS001';
@@ -14,4 +20,4 @@ BEGIN
 END
 $function$
 
--- ACL: default (the owner and PUBLIC may execute)
+-- ACL: {owner=X/owner}

@@ -4,7 +4,6 @@
 CREATE OR REPLACE FUNCTION tombstoned.endpoint_claim_rejected(text, text, text, text, bytea, smallint, jsonb, bigint, text)
  RETURNS TABLE(created boolean, body text, order_id uuid, fingerprint bytea, expired boolean, past_deadline boolean, status_code smallint)
  LANGUAGE plpgsql
- SECURITY DEFINER
  SET search_path TO 'tombstoned', 'pg_temp'
 AS $function$
 #variable_conflict use_column

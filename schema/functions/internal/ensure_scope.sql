@@ -4,7 +4,6 @@
 CREATE OR REPLACE FUNCTION tombstoned.ensure_scope(tenant_id text, principal_id text, operation text)
  RETURNS integer
  LANGUAGE plpgsql
- SECURITY DEFINER
  SET search_path TO 'tombstoned', 'pg_temp'
 AS $function$
 #variable_conflict use_column

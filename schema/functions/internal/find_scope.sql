@@ -4,7 +4,7 @@
 CREATE OR REPLACE FUNCTION tombstoned.find_scope(tenant_id text, principal_id text, operation text)
  RETURNS integer
  LANGUAGE sql
- STABLE SECURITY DEFINER
+ STABLE
  SET search_path TO 'tombstoned', 'pg_temp'
 AS $function$
     SELECT s.scope_id

@@ -4,7 +4,6 @@
 CREATE OR REPLACE FUNCTION tombstoned.record_outcome(tenant_id text, principal_id text, operation text, idempotency_key text, fingerprint bytea, share_lock boolean)
  RETURNS TABLE(outcome text, status_code integer, response_body text, resource_id text, replay_deadline timestamp with time zone, expired_at timestamp with time zone)
  LANGUAGE plpgsql
- SECURITY DEFINER
  SET search_path TO 'tombstoned', 'pg_temp'
 AS $function$
 #variable_conflict use_column

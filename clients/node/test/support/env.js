@@ -2,7 +2,7 @@
 // of the service role and of the admin, the service's own table (the one fixture that sets the
 // role up), barriers on pg_stat_activity, the daemon's real cleaner, and a session that holds a
 // key in an open transaction.
-import { execFile } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { setTimeout as delay } from 'node:timers/promises';
 import { promisify } from 'node:util';
@@ -86,8 +86,9 @@ export async function prepareService() {
                                   'name', w.name, 'created_at', w.created_at);
     ALTER TABLE public.widgets OWNER TO ${env.serviceRole};
     ALTER FUNCTION public.widget_body(public.widgets) OWNER TO ${env.serviceRole};`);
-  // (With service boundaries, issue 36, the role is granted its operation here too:
-  // `$TOMBSTONED_BIN operations grant create-widget $ROLE --config $TOMBSTONED_TEST_CONFIG`.)
+  // The role's operation, granted through the daemon's own command (docs/api.md, Privileges).
+  execFileSync(env.bin, ['--config', env.config, 'operations', 'grant', OPERATION, env.serviceRole],
+    { stdio: 'pipe' });
   // The first claim of a scope makes the scope's row inside its own transaction: concurrent
   // first claims would wait for each other. The tests' scope is made here, once.
   const client = new pg.Client({ connectionString: env.serviceUrl });
