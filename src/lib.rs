@@ -24,7 +24,8 @@
 //!   once, in order per order, with dead letters and requeue; [`status`] — what `tombstoned
 //!   status` reads (lease, run history, backlog, lag) in one read-only snapshot; [`conformance`]
 //!   — `tombstoned conformance`: any HTTP endpoint checked from outside against the idempotency
-//!   contract, nine checks returning a typed report;
+//!   contract, nine checks returning a typed report; [`keys`] — `tombstoned keys explain`: why
+//!   one key answers what it answers, read without a lock;
 //! * the database contract: [`schema`] — which schema this binary needs: the migrations that
 //!   build it, the SQL API's version, and the one check every caller asks (the schema as it
 //!   stands is committed under `schema/`);
@@ -67,6 +68,7 @@ pub(crate) mod fd_budget;
 pub mod fingerprint;
 pub mod http;
 pub mod instance;
+pub mod keys;
 pub(crate) mod lookup;
 pub mod metrics;
 pub mod money;

@@ -143,11 +143,11 @@ fn secs(d: Duration) -> String {
 }
 
 /// Whole seconds, human-readable ("3h 2m 5s").
-fn age(d: Duration) -> String {
+pub(super) fn age(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
 }
 
-fn timestamp(t: chrono::DateTime<chrono::Utc>) -> String {
+pub(super) fn timestamp(t: chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 

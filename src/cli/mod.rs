@@ -9,6 +9,7 @@ mod conformance;
 #[cfg(feature = "demo")]
 mod demo;
 pub mod generate;
+mod keys;
 mod migrate;
 mod outbox;
 mod serve;
@@ -77,6 +78,9 @@ pub enum Command {
     /// Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
+    /// Inspect idempotency keys: why a key answers what it answers.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Check that an HTTP endpoint keeps the idempotency contract: nine checks, one line each.
     #[command(long_about = conformance::LONG_ABOUT)]
     Conformance(conformance::ConformanceArgs),
@@ -254,6 +258,14 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         if cause.is::<db::connect::ConnectError>() {
             return Exit::Unavailable;
         }
+        // Before the database error inside it: a role without the grants is the operator's.
+        if let Some(e) = cause.downcast_ref::<crate::keys::KeysError>() {
+            return match (e.is_usage(), e.class()) {
+                (true, _) => Exit::Usage,
+                (false, Some(ErrorClass::Unavailable)) => Exit::Unavailable,
+                (false, _) => Exit::Software,
+            };
+        }
         if let Some(e) = cause.downcast_ref::<crate::outbox::OutboxError>() {
             if e.is_configuration() {
                 return Exit::Usage;
@@ -417,6 +429,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Serve => runtime()?.block_on(serve::run(config, cli.config)),
         Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
         Command::Status(args) => runtime()?.block_on(status::run(&config, &args)),
+        Command::Keys(command) => runtime()?.block_on(keys::run(&config, &command)),
         #[cfg(feature = "demo")]
         Command::Demo(_) => unreachable!("handled above"),
         Command::Generate(_) | Command::Conformance(_) => unreachable!("handled above"),

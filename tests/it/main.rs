@@ -31,6 +31,7 @@ mod doc_samples;
 mod endpoint_functions;
 mod error_text;
 mod examples;
+mod keys;
 mod lease;
 mod listen_any_port;
 mod multihost;
