@@ -12,6 +12,7 @@ pub mod generate;
 mod keys;
 mod migrate;
 mod outbox;
+mod progress;
 mod serve;
 mod status;
 
@@ -107,6 +108,10 @@ pub struct CleanupArgs {
     /// Stop after this many batches; the backlog left is reported.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_batches: Option<u64>,
+    /// No progress line on a terminal (there is none anyway when stderr is not a terminal,
+    /// with --json, or under systemd).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// `tombstoned status`
@@ -131,6 +136,10 @@ pub struct MigrateArgs {
     /// List applied and pending migrations; change nothing.
     #[arg(long)]
     pub status: bool,
+    /// No progress line on a terminal while a migration runs (there is none anyway when stderr
+    /// is not a terminal, or under systemd).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// `tombstoned demo`
@@ -223,7 +232,7 @@ fn init_logging(format: LogFormat, default_level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(progress::LogWriter);
     match format {
         LogFormat::Text => builder.finish().with(driver_cap()).init(),
         LogFormat::Json => builder
