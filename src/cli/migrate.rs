@@ -187,6 +187,8 @@ mod tests {
             "V5__compact_records (1 of 1), 2.0 s: waiting for AccessExclusiveLock on \
              tombstoned.idempotency_records held by pid 42"
         );
-        assert!(waiting("advisory").ends_with("waiting for another migrate of this schema (advisory lock) held by pid 42"));
+        assert!(waiting("advisory").ends_with(
+            "waiting for another migrate of this schema (advisory lock) held by pid 42"
+        ));
     }
 }

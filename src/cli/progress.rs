@@ -24,7 +24,9 @@ pub(super) const TICK: Duration = Duration::from_millis(100);
 static ACTIVE: Mutex<Option<ProgressBar>> = Mutex::new(None);
 
 fn active() -> std::sync::MutexGuard<'static, Option<ProgressBar>> {
-    ACTIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    ACTIVE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Whether a progress line is shown: stderr a terminal, not `--json`, not `--quiet`, not under
@@ -187,7 +189,10 @@ mod tests {
             counting_template("cleanup", "rows tombstoned", false),
             message_template("migrate"),
         ] {
-            assert!(ProgressStyle::with_template(&template).is_ok(), "{template}");
+            assert!(
+                ProgressStyle::with_template(&template).is_ok(),
+                "{template}"
+            );
         }
     }
 

@@ -43,6 +43,7 @@ mod pipeline;
 mod pooled_sessions;
 mod pooler;
 mod pooler_support;
+mod progress;
 mod prometheus;
 mod protocol_paths;
 mod readiness;
