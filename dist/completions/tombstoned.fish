@@ -36,6 +36,7 @@ complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "check-config"
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "status" -d 'Show the cleanup lease, the last runs, the backlog and replication lag; a monitoring check'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "outbox" -d 'Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "keys" -d 'Inspect idempotency keys: why a key answers what it answers'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "conformance" -d 'Check that an HTTP endpoint keeps the idempotency contract: nine checks, one line each'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
@@ -50,11 +51,13 @@ json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l dry-run -d 'Change nothing: report what a run would do, inside a READ ONLY transaction'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l json -d 'Print the report as JSON'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l explain -d 'With --dry-run: also print the plan of the batch query (EXPLAIN)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l quiet -d 'No progress line on a terminal (there is none anyway when stderr is not a terminal, with --json, or under systemd)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l status -d 'List applied and pending migrations; change nothing'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l quiet -d 'No progress line on a terminal while a migration runs (there is none anyway when stderr is not a terminal, or under systemd)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
@@ -86,6 +89,7 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l dry-run -d 'Send nothing and change nothing: list what a run would send now'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l json -d 'Print the report as JSON'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l quiet -d 'No progress line on a terminal (there is none anyway when stderr is not a terminal, with --json, or under systemd)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l limit -d 'At most this many events' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
@@ -104,6 +108,25 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "list" -d 'List undelivered events (pending and dead letters), oldest first'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "requeue" -d 'Put dead letters back into delivery (due now, attempts counted from zero)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -f -a "explain" -d 'Why a key answers what it answers: its record and state, the stored status and resource, whether an intent matches it, and which open transaction holds it. Read-only: it takes no lock a claim or the cleaner could wait for. Exit 0 when the key has a record, 3 when it has none'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l tenant -d 'The scope\'s tenant' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l principal -d 'The scope\'s principal' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l operation -d 'The scope\'s operation (create-order is the endpoint\'s)' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l key -d 'The idempotency key' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l intent -d 'An intent to compare with the stored fingerprint: for create-order the order request body, for another operation the SQL API\'s intent (JSON)' -r
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+json\t'One JSON object per line'"
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l show-body -d 'Also print the stored response body (it says it is showing one)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l json -d 'Print the explanation as JSON'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from help" -f -a "explain" -d 'Why a key answers what it answers: its record and state, the stored status and resource, whether an intent matches it, and which open transaction holds it. Read-only: it takes no lock a claim or the cleaner could wait for. Exit 0 when the key has a record, 3 when it has none'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l body -d 'The request (JSON). {{uuid}} in it is replaced by a fresh UUID per key, the same in every request with that key: give the business id that way, e.g. \'{"request_id": "{{uuid}}", ...}\'' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l other-body -d 'Another intent for the same endpoint (JSON, the same placeholders), e.g. the request with another amount' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l method -d 'The method of every request' -r
@@ -118,15 +141,17 @@ json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l key-optional -d 'The service answers requests without a key: missing_key is skipped, provided such a request gets a first answer'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l json -d 'Print one JSON document instead: every check with its name, result, expected, got and requests (credentials [redacted]), and the summary'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "serve" -d 'Run the daemon: cleanup scheduler, HTTP API and metrics'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "status" -d 'Show the cleanup lease, the last runs, the backlog and replication lag; a monitoring check'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "outbox" -d 'Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "conformance" -d 'Check that an HTTP endpoint keeps the idempotency contract: nine checks, one line each'
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox conformance help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "serve" -d 'Run the daemon: cleanup scheduler, HTTP API and metrics'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "cleanup" -d 'Run one cleanup pass now, then exit'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "migrate" -d 'Apply pending schema migrations, or list applied and pending ones'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "check-config" -d 'Validate the configuration and print the next 5 cleanup fire times'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "status" -d 'Show the cleanup lease, the last runs, the backlog and replication lag; a monitoring check'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "demo" -d 'Start a throwaway PostgreSQL and the daemon, and walk through the protocol step by step'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "outbox" -d 'Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "keys" -d 'Inspect idempotency keys: why a key answers what it answers'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "conformance" -d 'Check that an HTTP endpoint keeps the idempotency contract: nine checks, one line each'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and not __fish_seen_subcommand_from serve cleanup migrate check-config status demo outbox keys conformance help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "deliver" -d 'Deliver the events due now (each at most once), then exit. Works whether or not outbox.enabled is set; needs outbox.endpoint and outbox.secret_file'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "list" -d 'List undelivered events (pending and dead letters), oldest first'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "requeue" -d 'Put dead letters back into delivery (due now, attempts counted from zero)'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand help; and __fish_seen_subcommand_from keys" -f -a "explain" -d 'Why a key answers what it answers: its record and state, the stored status and resource, whether an intent matches it, and which open transaction holds it. Read-only: it takes no lock a claim or the cleaner could wait for. Exit 0 when the key has a record, 3 when it has none'

@@ -255,6 +255,8 @@ fn session(t: &Transaction, role: &str) -> String {
             let _ = write!(line, ", transaction open {seconds:.1} s");
         }
         match (&t.wait_event_type, &t.wait_event) {
+            // An idle session waits for its client: the state says so already.
+            (Some(kind), Some(_)) if kind == "Client" && state.starts_with("idle") => {}
             (Some(kind), Some(event)) if kind == "Lock" => {
                 let _ = write!(line, ", waiting for a lock ({event})");
             }
