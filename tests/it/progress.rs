@@ -331,6 +331,7 @@ async fn outbox_deliver_shows_its_progress_on_a_terminal() {
     const EVENTS: u64 = 12;
     let (dir, secret) = secret_file();
     let secret = secret.display().to_string();
+    let counted = Regex::new(r"^outbox deliver (\d+)/(\d+) events").unwrap();
     let mut runs = Vec::new();
     for on_a_terminal in [true, false] {
         let db = TestDb::new().await;
@@ -368,7 +369,6 @@ async fn outbox_deliver_shows_its_progress_on_a_terminal() {
         assert_eq!((stats.requests, stats.bad_signatures), (EVENTS, 0));
         runs.push(printed.stdout.replace(&receiver.url, "ENDPOINT"));
         if on_a_terminal {
-            let counted = Regex::new(r"^outbox deliver (\d+)/(\d+) events").unwrap();
             let lines = frames(&printed.terminal, "outbox deliver ");
             assert_advances_to(&counts(&lines, &counted), EVENTS, &printed.terminal);
             assert!(lines
