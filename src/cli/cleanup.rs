@@ -177,12 +177,7 @@ async fn start_line(session: &db::Session, config: &Config) -> progress::Line {
 /// The run so far on its line: rows tombstoned, and the rate, batches, lock timeouts, rows
 /// skipped, throttling and the later phases' work.
 fn show(line: &progress::Line, f: &RunFigures) {
-    let secs = line.elapsed().as_secs_f64();
-    let rate = if secs > 0.0 {
-        f.rows_tombstoned as f64 / secs
-    } else {
-        0.0
-    };
+    let rate = line.per_second(f.rows_tombstoned);
     let mut message = format!(
         "{rate:.0} rows/s, {}, {}, {}",
         count(f.tombstone_batches, "batch", "batches"),

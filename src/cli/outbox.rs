@@ -268,13 +268,8 @@ async fn start_line(session: &db::Session, max_events: Option<u64>) -> progress:
 /// The run so far on its line: events attempted, and the rate, delivered, retries and dead
 /// letters.
 fn show(line: &progress::Line, r: &PassReport) {
-    let secs = line.elapsed().as_secs_f64();
     let attempted = r.attempted();
-    let rate = if secs > 0.0 {
-        attempted as f64 / secs
-    } else {
-        0.0
-    };
+    let rate = line.per_second(attempted);
     line.show(
         attempted,
         format!(

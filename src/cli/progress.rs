@@ -114,6 +114,16 @@ impl Line {
         self.bar.elapsed()
     }
 
+    /// `done` per second since the line was started.
+    pub(super) fn per_second(&self, done: u64) -> f64 {
+        let secs = self.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            done as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
     /// The run ended: the line is drawn one last time and left on the terminal.
     pub(super) fn finish(self) {
         self.bar.finish();

@@ -550,34 +550,38 @@ async fn read(
             });
         }
     } else {
-        let (writers, found) = match scope_id {
+        // The key's entries in the records' primary key; without a committed scope, the
+        // scope's in the scopes' unique key.
+        let schema = reader.conn.schema();
+        let (table, found) = match scope_id {
             Some(scope_id) => (
-                sql::RECORD_WRITERS,
+                "idempotency_records",
                 uncommitted_entry(
                     reader,
-                    sql::RECORD_INDEX_COUNTERS,
+                    &format!("{schema}.idempotency_records_pkey"),
                     sql::PROBE_RECORD,
                     &[&scope_id, &request.key],
                 )
                 .await?,
             ),
             None => (
-                sql::SCOPE_WRITERS,
+                "idempotency_scopes",
                 uncommitted_entry(
                     reader,
-                    sql::SCOPE_INDEX_COUNTERS,
+                    &format!("{schema}.idempotency_scopes_scope_key"),
                     sql::PROBE_SCOPE,
                     &[&request.tenant, &request.principal, &request.operation],
                 )
                 .await?,
             ),
         };
+        let table = format!("{schema}.{table}");
         probe = match found {
             None => Probe::Unavailable,
             Some(false) => Probe::Clear,
             Some(true) => {
                 let pids: Vec<i32> = reader
-                    .column("listing the open writers", writers, &[])
+                    .column("listing the open writers", sql::WRITERS, &[&table])
                     .await?;
                 if pids.is_empty() {
                     // Entries no snapshot shows, and nobody writing: dead versions.
@@ -632,13 +636,13 @@ async fn read(
 /// server does not count index reads.
 async fn uncommitted_entry(
     reader: &Reader<'_, '_>,
-    counters: &'static str,
+    index: &str,
     probe: &'static str,
     params: &[&dyn db::Param],
 ) -> Result<Option<bool>, KeysError> {
     const STEP: &str = "probing the key's index for an uncommitted claim";
     let read_counters = || async {
-        let row = reader.one(STEP, counters, &[]).await?;
+        let row = reader.one(STEP, sql::INDEX_COUNTERS, &[&index]).await?;
         let scans: i64 = row.try_get(0).map_err(reader.failed(STEP))?;
         let entries: i64 = row.try_get(1).map_err(reader.failed(STEP))?;
         Ok::<_, KeysError>((scans, entries))

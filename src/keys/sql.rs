@@ -69,11 +69,12 @@ WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
                 AND t.relation = '{schema}.idempotency_records'::regclass
                 AND t.mode IN ('RowShareLock', 'RowExclusiveLock'))";
 
-/// The probe's counters of the records' primary key in this transaction: index scans and index
-/// entries returned (`pg_stat_get_xact_*`: this backend's own, not yet reported counts).
-pub const RECORD_INDEX_COUNTERS: &str = "\
-SELECT pg_stat_get_xact_numscans('{schema}.idempotency_records_pkey'::regclass),
-       pg_stat_get_xact_tuples_returned('{schema}.idempotency_records_pkey'::regclass)";
+/// `$1` an index (its qualified name): the probe's counters of it in this transaction, index
+/// scans and index entries returned (`pg_stat_get_xact_*`: this backend's own counts, not yet
+/// reported).
+pub const INDEX_COUNTERS: &str = "\
+SELECT pg_stat_get_xact_numscans($1::text::regclass),
+       pg_stat_get_xact_tuples_returned($1::text::regclass)";
 
 /// `$1` scope id, `$2` key, through the primary key: the rows visible to this snapshot. The index
 /// returns every entry of the key, also one whose row no snapshot shows yet — an uncommitted
@@ -82,33 +83,18 @@ SELECT pg_stat_get_xact_numscans('{schema}.idempotency_records_pkey'::regclass),
 pub const PROBE_RECORD: &str = "\
 SELECT count(*) FROM {schema}.idempotency_records WHERE scope_id = $1 AND idempotency_key = $2";
 
-/// [`RECORD_INDEX_COUNTERS`] for the scopes' unique key (a first claim of a scope inserts its
-/// row in the claim's own transaction through the SQL API).
-pub const SCOPE_INDEX_COUNTERS: &str = "\
-SELECT pg_stat_get_xact_numscans('{schema}.idempotency_scopes_scope_key'::regclass),
-       pg_stat_get_xact_tuples_returned('{schema}.idempotency_scopes_scope_key'::regclass)";
-
 /// [`PROBE_RECORD`] for the scope `$1` tenant, `$2` principal, `$3` operation.
 pub const PROBE_SCOPE: &str = "\
 SELECT count(*) FROM {schema}.idempotency_scopes
 WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3";
 
-/// The sessions whose open transaction has written records and not committed (a row-exclusive
-/// lock on the table, and a transaction id): an uncommitted claim is one of them.
-pub const RECORD_WRITERS: &str = "\
+/// `$1` a table (its qualified name): the sessions whose open transaction has written to it and
+/// not committed (a row-exclusive lock on it, and a transaction id). An uncommitted claim of a
+/// record (or of a scope's first key, for the scopes table) is one of them.
+pub const WRITERS: &str = "\
 SELECT DISTINCT l.pid FROM pg_locks AS l
 WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND l.granted
-  AND l.relation = '{schema}.idempotency_records'::regclass AND l.pid <> pg_backend_pid()
-  AND EXISTS (SELECT 1 FROM pg_locks AS x
-              WHERE x.pid = l.pid AND x.locktype = 'transactionid' AND x.granted
-                AND x.mode = 'ExclusiveLock')
-ORDER BY l.pid";
-
-/// [`RECORD_WRITERS`] of the scopes table.
-pub const SCOPE_WRITERS: &str = "\
-SELECT DISTINCT l.pid FROM pg_locks AS l
-WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND l.granted
-  AND l.relation = '{schema}.idempotency_scopes'::regclass AND l.pid <> pg_backend_pid()
+  AND l.relation = $1::text::regclass AND l.pid <> pg_backend_pid()
   AND EXISTS (SELECT 1 FROM pg_locks AS x
               WHERE x.pid = l.pid AND x.locktype = 'transactionid' AND x.granted
                 AND x.mode = 'ExclusiveLock')

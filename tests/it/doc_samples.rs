@@ -357,6 +357,20 @@ fn screen(raw: &str) -> String {
     out
 }
 
+/// A real `tombstoned cleanup` run on `url` (a step of a sample group: the record's window is
+/// over, the cleaner tombstones it).
+fn run_cleanup(url: &str) {
+    let cleanup = tokio::task::block_in_place(|| {
+        Command::new(binary())
+            .arg("cleanup")
+            .env_clear()
+            .env("TOMBSTONED_DATABASE_URL", url)
+            .output()
+            .unwrap()
+    });
+    assert!(cleanup.status.success(), "{cleanup:?}");
+}
+
 fn step(block: &Block) -> Option<&str> {
     block.marker.as_ref().and_then(|(_, s)| s.as_deref())
 }
@@ -447,15 +461,7 @@ async fn the_http_walkthrough_is_what_the_daemon_answers() {
                 )
                 .await
                 .unwrap();
-            let cleanup = tokio::task::block_in_place(|| {
-                Command::new(binary())
-                    .arg("cleanup")
-                    .env_clear()
-                    .env("TOMBSTONED_DATABASE_URL", &db.url)
-                    .output()
-                    .unwrap()
-            });
-            assert!(cleanup.status.success(), "{cleanup:?}");
+            run_cleanup(&db.url);
         }
         for printed in shell.run(&block).await {
             if let Some(id) = printed
@@ -721,11 +727,7 @@ async fn the_keys_explain_samples_are_what_it_prints() {
                 config.application_name("payments");
                 let (session, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
                 tokio::spawn(connection);
-                let pid: i32 = session
-                    .query_one("SELECT pg_backend_pid()", &[])
-                    .await
-                    .unwrap()
-                    .get(0);
+                let pid = crate::api_support::backend_pid(&session).await;
                 session
                     .batch_execute(
                         "BEGIN; SELECT * FROM tombstoned.claim('acme', 'alice', 'create-payment', \
@@ -734,22 +736,12 @@ async fn the_keys_explain_samples_are_what_it_prints() {
                     )
                     .await
                     .unwrap();
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-                loop {
-                    let state: Option<String> = client
-                        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
-                        .await
-                        .unwrap()
-                        .get(0);
-                    if state.as_deref() == Some("idle in transaction") {
-                        break;
-                    }
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "the claim never went idle"
-                    );
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
+                crate::harness::wait_until_idle_in_transaction(
+                    &client,
+                    pid,
+                    std::time::Duration::from_secs(30),
+                )
+                .await;
                 held = Some(session);
             }
             Some("tombstoned") => {
@@ -764,15 +756,7 @@ async fn the_keys_explain_samples_are_what_it_prints() {
                     )
                     .await
                     .unwrap();
-                let cleanup = tokio::task::block_in_place(|| {
-                    Command::new(binary())
-                        .arg("cleanup")
-                        .env_clear()
-                        .env("TOMBSTONED_DATABASE_URL", &api.db.url)
-                        .output()
-                        .unwrap()
-                });
-                assert!(cleanup.status.success(), "{cleanup:?}");
+                run_cleanup(&api.db.url);
             }
             _ => {}
         }

@@ -5,14 +5,15 @@
 //! the JSON form, a committed record whose row lock a replay holds, and a role that cannot see
 //! other sessions (and one that may not read the records at all).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio_postgres::{Client, NoTls};
 
+use crate::api_support::backend_pid;
 use crate::api_support::{TestApi, ALICE};
 use crate::cleanup_support::Reader;
-use crate::harness::{binary, server, TestDb};
+use crate::harness::{binary, server, wait_until_idle_in_transaction, TestDb};
 use tombstoned_testkit::cluster::conninfo_for_database;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -77,34 +78,6 @@ async fn session_as(db: &TestDb, role: &str, application: &str) -> Client {
     client
 }
 
-async fn pid(client: &Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
-/// The barrier: backend `pid` sits in an open transaction, waiting for its client.
-async fn wait_until_idle_in_transaction(observer: &Client, pid: i32) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let state: Option<String> = observer
-            .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
-            .await
-            .unwrap()
-            .get(0);
-        if state.as_deref() == Some("idle in transaction") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pid {pid} never went idle in transaction"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// An SQL API claim of `key` in `tenant`/alice/`operation` for `intent`, left open: the session
 /// and its pid.
 async fn claim_held_open(
@@ -115,7 +88,7 @@ async fn claim_held_open(
     intent: &str,
 ) -> (Client, i32) {
     let client = session_as(db, &owner(), "held-claim").await;
-    let pid = pid(&client).await;
+    let pid = backend_pid(&client).await;
     client.batch_execute("BEGIN").await.unwrap();
     let outcome: String = client
         .query_one(
@@ -315,7 +288,7 @@ async fn in_flight_free_and_another_operations_record() {
 
     let (holder, holder_pid) =
         claim_held_open(&db, "acme", "charge", "k-open", r#"{"amount": 2}"#).await;
-    wait_until_idle_in_transaction(&observer, holder_pid).await;
+    wait_until_idle_in_transaction(&observer, holder_pid, PATIENCE).await;
     let run = explain(
         &db.url,
         &scope("charge", "k-open", &["--intent", r#"{"amount": 2}"#]),
@@ -405,7 +378,7 @@ async fn in_flight_free_and_another_operations_record() {
 
     // The first claim of a scope, held open: the scope row is not committed either.
     let (first, first_pid) = claim_held_open(&db, "newco", "charge", "k-first", "{}").await;
-    wait_until_idle_in_transaction(&observer, first_pid).await;
+    wait_until_idle_in_transaction(&observer, first_pid, PATIENCE).await;
     let run = explain(
         &db.url,
         &[
@@ -444,7 +417,7 @@ async fn the_row_lock_holder_as_the_owner_and_as_a_monitoring_role() {
         idempotency_key: "k-locked".into(),
     };
     let (reader, _body) = Reader::lock(&db, &pk, "FOR SHARE").await;
-    wait_until_idle_in_transaction(&observer, reader.pid).await;
+    wait_until_idle_in_transaction(&observer, reader.pid, PATIENCE).await;
 
     let json = explain(&db.url, &scope("charge", "k-locked", &["--json"]))
         .await
