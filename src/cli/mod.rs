@@ -210,10 +210,11 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// One line of the edge's own on stderr, `tombstoned: ` first (logs go there too). When stderr
-/// is gone as well there is nowhere left to say so.
+/// One line of the edge's own on stderr, `tombstoned: ` first (logs go there too; a progress
+/// line drawn there is lifted out of its way, as for a log line). When stderr is gone as well
+/// there is nowhere left to say so.
 fn say(line: &str) {
-    let _ = writeln!(std::io::stderr(), "tombstoned: {line}");
+    let _ = progress::LogWriter.write_all(format!("tombstoned: {line}\n").as_bytes());
 }
 
 /// Whether `e` is (or was caused by) standard output's reader going away.
@@ -613,6 +614,24 @@ mod tests {
                 crate::conformance::ConformanceError::Unreachable {
                     url: "http://127.0.0.1:1/".into(),
                     reason: "Connection refused".into(),
+                }
+                .into(),
+                Exit::Unavailable,
+            ),
+            (
+                "keys explain: an intent that is not JSON",
+                anyhow::Error::new(crate::keys::KeysError::IntentNotJson("x".into()))
+                    .context("cannot explain the key"),
+                Exit::Usage,
+            ),
+            (
+                "keys explain: the database did not answer",
+                crate::keys::KeysError::Database {
+                    step: "reading the key",
+                    source: DbError::Timeout {
+                        what: "the explain",
+                        after: std::time::Duration::from_secs(1),
+                    },
                 }
                 .into(),
                 Exit::Unavailable,
