@@ -14,6 +14,8 @@ pub enum Exit {
     ChecksFailed = 1,
     /// 2: `status --max-age` found cleanup stale (the last success too old, or none).
     Stale = 2,
+    /// 3: `keys explain` found no record of the key in its scope (the key is free).
+    NoRecord = 3,
     /// 64: bad usage or configuration.
     Usage = 64,
     /// 69: the database (or the PostgreSQL installation the demo needs) is unavailable.
@@ -30,10 +32,11 @@ pub enum Exit {
 
 impl Exit {
     /// Every status, in ascending order.
-    pub const ALL: [Exit; 8] = [
+    pub const ALL: [Exit; 9] = [
         Exit::Success,
         Exit::ChecksFailed,
         Exit::Stale,
+        Exit::NoRecord,
         Exit::Usage,
         Exit::Unavailable,
         Exit::Software,
@@ -61,6 +64,11 @@ impl Exit {
                 "`status --max-age`: the last successful cleanup run finished longer ago than \
                  that, or no successful run is recorded (like a Nagios CRITICAL)."
             }
+            Exit::NoRecord => {
+                "`keys explain`: the key has no record in that scope, neither committed nor held \
+                 by an open transaction: it is free, and a request with it now claims it (0: a \
+                 record exists, in whatever state)."
+            }
             Exit::Usage => {
                 "Bad usage or configuration (EX_USAGE): an unknown flag or key, an invalid value, \
                  an unusable tokens file, a listen address that cannot be bound, an unusable \
@@ -69,13 +77,14 @@ impl Exit {
                  `operations` named a role that does not exist, `create-order` without `--force` \
                  or `*` to grant, or ran as a role that may not change the grants; `demo \
                  --config`; `conformance` given a body that is not JSON, a header that is not \
-                 `Name: value`, a URL or duration it cannot use. Restarting cannot fix it: the \
-                 systemd unit does not retry it."
+                 `Name: value`, a URL or duration it cannot use; `keys explain` given an \
+                 `--intent` that is not JSON, or run as a role that may not read the records. \
+                 Restarting cannot fix it: the systemd unit does not retry it."
             }
             Exit::Unavailable => {
                 "The database is unavailable, or its schema is not current (EX_UNAVAILABLE): \
-                 `serve` refuses to start, and `status`, `cleanup` and every `outbox` command \
-                 refuse to run; run `tombstoned migrate`, or wait for the database. Also the demo \
+                 `serve` refuses to start, and `status`, `cleanup`, `keys explain` and every \
+                 `outbox` command refuse to run; run `tombstoned migrate`, or wait for the database. Also the demo \
                  without PostgreSQL server binaries, and `conformance` when its URL cannot be \
                  reached at all (no connection)."
             }
@@ -114,7 +123,7 @@ mod tests {
     #[test]
     fn all_lists_every_status_once_in_ascending_order() {
         let codes: Vec<i32> = Exit::ALL.iter().map(|e| e.code()).collect();
-        assert_eq!(codes, [0, 1, 2, 64, 69, 70, 75, 130]);
+        assert_eq!(codes, [0, 1, 2, 3, 64, 69, 70, 75, 130]);
         for exit in Exit::ALL {
             assert!(exit.meaning().ends_with('.'), "{exit:?}");
         }

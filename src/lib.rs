@@ -26,7 +26,8 @@
 //!   — `tombstoned conformance`: any HTTP endpoint checked from outside against the idempotency
 //!   contract, nine checks returning a typed report; [`operations`] — which database role may
 //!   use which operation of the SQL API (grants, their audit, the transitional grants of an
-//!   upgrade);
+//!   upgrade); [`keys`] — `tombstoned keys explain`: why one key answers what it answers, read
+//!   without a lock;
 //! * the database contract: [`schema`] — which schema this binary needs: the migrations that
 //!   build it, the SQL API's version, and the one check every caller asks (the schema as it
 //!   stands is committed under `schema/`);
@@ -69,6 +70,7 @@ pub(crate) mod fd_budget;
 pub mod fingerprint;
 pub mod http;
 pub mod instance;
+pub mod keys;
 pub(crate) mod lookup;
 pub mod metrics;
 pub mod money;

@@ -9,7 +9,7 @@
 //!    cli), and what it has to show it returns, or writes through what the edge gives it (the
 //!    demo's story: `demo::Print`).
 //! 2. **Services know nothing of the edge or of HTTP.** The files of `cleanup/`, `claim/`,
-//!    `outbox/`, `lookup.rs`, `scheduler.rs` and `schema/` do not reach the crate modules `http`, `daemon`,
+//!    `outbox/`, `lookup.rs`, `scheduler.rs`, `keys/` and `schema/` do not reach the crate modules `http`, `daemon`,
 //!    `ops` or `cli`, nor the crate `axum`; and they never print (`print!`, `println!`,
 //!    `eprint!`, `eprintln!`, `dbg!`, `stdout`, `stderr`): what they have to say is a return
 //!    value or a `tracing` event, and the edge decides how it is shown.
@@ -406,6 +406,7 @@ const SERVICES: &[&str] = &[
     "conformance",
     "schema",
     "operations",
+    "keys",
 ];
 const EDGE_AND_HTTP: &[&str] = &["http", "daemon", "ops", "cli"];
 const PURE_CORE: &[&str] = &[

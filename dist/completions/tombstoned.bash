@@ -31,6 +31,9 @@ _tombstoned() {
             tombstoned,help)
                 cmd="tombstoned__subcmd__help"
                 ;;
+            tombstoned,keys)
+                cmd="tombstoned__subcmd__keys"
+                ;;
             tombstoned,migrate)
                 cmd="tombstoned__subcmd__migrate"
                 ;;
@@ -61,6 +64,9 @@ _tombstoned() {
             tombstoned__subcmd__help,help)
                 cmd="tombstoned__subcmd__help__subcmd__help"
                 ;;
+            tombstoned__subcmd__help,keys)
+                cmd="tombstoned__subcmd__help__subcmd__keys"
+                ;;
             tombstoned__subcmd__help,migrate)
                 cmd="tombstoned__subcmd__help__subcmd__migrate"
                 ;;
@@ -75,6 +81,9 @@ _tombstoned() {
                 ;;
             tombstoned__subcmd__help,status)
                 cmd="tombstoned__subcmd__help__subcmd__status"
+                ;;
+            tombstoned__subcmd__help__subcmd__keys,explain)
+                cmd="tombstoned__subcmd__help__subcmd__keys__subcmd__explain"
                 ;;
             tombstoned__subcmd__help__subcmd__operations,grant)
                 cmd="tombstoned__subcmd__help__subcmd__operations__subcmd__grant"
@@ -93,6 +102,18 @@ _tombstoned() {
                 ;;
             tombstoned__subcmd__help__subcmd__outbox,requeue)
                 cmd="tombstoned__subcmd__help__subcmd__outbox__subcmd__requeue"
+                ;;
+            tombstoned__subcmd__keys,explain)
+                cmd="tombstoned__subcmd__keys__subcmd__explain"
+                ;;
+            tombstoned__subcmd__keys,help)
+                cmd="tombstoned__subcmd__keys__subcmd__help"
+                ;;
+            tombstoned__subcmd__keys__subcmd__help,explain)
+                cmd="tombstoned__subcmd__keys__subcmd__help__subcmd__explain"
+                ;;
+            tombstoned__subcmd__keys__subcmd__help,help)
+                cmd="tombstoned__subcmd__keys__subcmd__help__subcmd__help"
                 ;;
             tombstoned__subcmd__operations,grant)
                 cmd="tombstoned__subcmd__operations__subcmd__grant"
@@ -149,7 +170,7 @@ _tombstoned() {
 
     case "${cmd}" in
         tombstoned)
-            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config status demo outbox conformance operations help"
+            opts="-h -V --config --log-format --help --version serve cleanup migrate check-config status demo outbox keys conformance operations help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -193,7 +214,7 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__cleanup)
-            opts="-h --dry-run --json --explain --batch-size --max-batches --config --log-format --help"
+            opts="-h --dry-run --json --explain --batch-size --max-batches --quiet --config --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -303,7 +324,7 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__help)
-            opts="serve cleanup migrate check-config status demo outbox conformance operations help"
+            opts="serve cleanup migrate check-config status demo outbox keys conformance operations help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -375,6 +396,34 @@ _tombstoned() {
         tombstoned__subcmd__help__subcmd__help)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__keys)
+            opts="explain"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__help__subcmd__keys__subcmd__explain)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -540,8 +589,114 @@ _tombstoned() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        tombstoned__subcmd__keys)
+            opts="-h --config --log-format --help explain help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__keys__subcmd__explain)
+            opts="-h --tenant --principal --operation --key --intent --show-body --json --config --log-format --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --tenant)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --principal)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --operation)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --intent)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__keys__subcmd__help)
+            opts="explain help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__keys__subcmd__help__subcmd__explain)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        tombstoned__subcmd__keys__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         tombstoned__subcmd__migrate)
-            opts="-h --status --config --log-format --help"
+            opts="-h --status --quiet --config --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -743,7 +898,7 @@ _tombstoned() {
             return 0
             ;;
         tombstoned__subcmd__outbox__subcmd__deliver)
-            opts="-h --max-events --dry-run --json --config --log-format --help"
+            opts="-h --max-events --dry-run --json --quiet --config --log-format --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -81,7 +81,7 @@ mod protocol;
 mod record;
 pub mod sql;
 
-pub use record::RecordState;
+pub use record::{RecordState, RetryAnswer};
 pub use sql::STATEMENTS;
 
 use std::sync::atomic::{AtomicBool, Ordering};

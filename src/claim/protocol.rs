@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use super::record::RecordState;
+use super::record::{RecordState, RetryAnswer};
 use super::{
     sql, ClaimError, ClaimOutcome, ClaimRequest, ClaimSettings, Decision, MAX_CLAIM_ATTEMPTS,
     OPERATION_CREATE_ORDER, ORDER_REQUEST_CONSTRAINT,
@@ -408,13 +408,13 @@ fn without_body(row: &Row, req: &ClaimRequest) -> Result<Option<ClaimOutcome>, C
     let fingerprint: &[u8] = row.try_get("fingerprint").map_err(get)?;
     let order_id: Option<Uuid> = row.try_get("order_id").map_err(get)?;
     let state = RecordState::read(row).map_err(get)?;
-    if fingerprint != req.fingerprint.as_bytes() {
-        return Ok(Some(ClaimOutcome::KeyReused));
-    }
-    if !state.is_replayable() {
-        return Ok(Some(ClaimOutcome::Expired { order_id }));
-    }
-    Ok(None)
+    Ok(
+        match state.answer(fingerprint == req.fingerprint.as_bytes()) {
+            RetryAnswer::KeyReused => Some(ClaimOutcome::KeyReused),
+            RetryAnswer::Expired => Some(ClaimOutcome::Expired { order_id }),
+            RetryAnswer::Replay => None,
+        },
+    )
 }
 
 /// The protocol's decision for an existing record read by the replay transaction.

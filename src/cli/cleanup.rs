@@ -7,10 +7,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use super::{count, CleanupArgs};
+use super::{count, progress, CleanupArgs};
 use crate::cleanup::{
-    dry_run_with_purge, run_leased_on, DryRunReport, LeasedRun, ReplicaPreview, RunContext,
-    RunLimits, RunReport, STOP_GRACE,
+    dry_run_with_purge, run_leased_on, DryRunReport, Due, LeasedRun, ReplicaPreview, RunContext,
+    RunFigures, RunLimits, RunReport, STOP_GRACE,
 };
 use crate::config::Config;
 use crate::db;
@@ -88,10 +88,23 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         checked = super::connect_current(&config.database, "cleanup", "cleanup run failed") => checked?,
         () = shutdown.cancelled() => return Ok(stopped_before_the_run()),
     };
+    // On a terminal, the line counts from the rows due now (a statement only then).
+    let line = if progress::wanted(args.json, args.quiet) {
+        Some(start_line(&session, config).await)
+    } else {
+        None
+    };
+    let work = run_leased_on(session, &run);
+    let watched = async {
+        match &line {
+            Some(line) => progress::ticking(work, || show(line, &run.figures())).await,
+            None => work.await,
+        }
+    };
     // The run gives its batch in flight STOP_GRACE after a signal, then records itself; on a
     // database that answers nothing even that is bounded here, so a stop always ends the command.
     let result = tokio::select! {
-        result = run_leased_on(session, &run) => result,
+        result = watched => result,
         () = async {
             shutdown.cancelled().await;
             tokio::time::sleep(STOP_GRACE.saturating_mul(2)).await;
@@ -125,12 +138,71 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         }
         LeasedRun::Stopped => return Ok(stopped_before_the_run()),
     };
+    if let Some(line) = line {
+        show(&line, &run.figures());
+        line.finish();
+    }
     if args.json {
         stdout::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
         stdout::print(&render_run(&report))?;
     }
     Ok(Exit::Success)
+}
+
+/// The progress line of a run on `session`, its total the rows due now (without one when they
+/// cannot be counted: the line is a courtesy, never a reason to fail).
+async fn start_line(session: &db::Session, config: &Config) -> progress::Line {
+    let due = crate::cleanup::bounded(
+        config.cleanup.statement_timeout,
+        "counting the rows due",
+        Due::read(&session.conn()),
+    )
+    .await;
+    match due {
+        Ok(due) => progress::Line::start(
+            progress::counting_style("cleanup", "rows tombstoned", true),
+            Some(due.rows),
+        ),
+        Err(e) => {
+            tracing::debug!(error = %db::error_text(&e), "rows due not counted for the progress line");
+            progress::Line::start(
+                progress::counting_style("cleanup", "rows tombstoned", false),
+                None,
+            )
+        }
+    }
+}
+
+/// The run so far on its line: rows tombstoned, and the rate, batches, lock timeouts, rows
+/// skipped, throttling and the later phases' work.
+fn show(line: &progress::Line, f: &RunFigures) {
+    let rate = line.per_second(f.rows_tombstoned);
+    let mut message = format!(
+        "{rate:.0} rows/s, {}, {}, {}",
+        count(f.tombstone_batches, "batch", "batches"),
+        count(f.lock_timeouts, "lock timeout", "lock timeouts"),
+        count(f.rows_skipped, "row skipped", "rows skipped")
+    );
+    let throttled = f.throttled_replica_lag + f.throttled_rate;
+    if !throttled.is_zero() {
+        let _ = write!(message, ", throttled {:.1} s", throttled.as_secs_f64());
+    }
+    if f.tombstones_purged > 0 {
+        let _ = write!(
+            message,
+            ", {} purged",
+            count(f.tombstones_purged, "tombstone", "tombstones")
+        );
+    }
+    if f.outbox_events_deleted > 0 {
+        let _ = write!(
+            message,
+            ", {} deleted",
+            count(f.outbox_events_deleted, "outbox event", "outbox events")
+        );
+    }
+    line.show(f.rows_tombstoned, message);
 }
 
 fn stopped_before_the_run() -> Exit {
@@ -143,11 +215,11 @@ fn secs(d: Duration) -> String {
 }
 
 /// Whole seconds, human-readable ("3h 2m 5s").
-fn age(d: Duration) -> String {
+pub(super) fn age(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
 }
 
-fn timestamp(t: chrono::DateTime<chrono::Utc>) -> String {
+pub(super) fn timestamp(t: chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 

@@ -264,7 +264,7 @@ pub fn man_pages(mut cli: clap::Command) -> Result<Vec<GeneratedFile>, GenerateE
         pages.push(render_page(
             command,
             &version,
-            &command_page(&name, &related),
+            &command_page(&name, &display_name(command), &related),
         )?);
     }
     Ok(pages)
@@ -475,10 +475,89 @@ fn main_page(commands: &[String]) -> Extra {
     }
 }
 
+/// What some commands' pages say beyond their options, by page: (heading, paragraphs). The
+/// README says the same at more length.
+const PAGE_SECTIONS: &[(&str, &str, &[&str])] = &[
+    (
+        "tombstoned-cleanup",
+        "PROGRESS",
+        &[
+            PROGRESS,
+            "The line shows rows tombstoned of those due when the run started, the rate, the \
+             time elapsed and left, batches, lock timeouts and rows skipped so far; it stays at \
+             its last state, and the report follows on standard output.",
+        ],
+    ),
+    (
+        "tombstoned-outbox-deliver",
+        "PROGRESS",
+        &[
+            PROGRESS,
+            "The line shows events attempted of those due when the run started (at most \
+             --max-events), the rate, delivered, retries scheduled and dead letters.",
+        ],
+    ),
+    (
+        "tombstoned-migrate",
+        "PROGRESS",
+        &[
+            PROGRESS,
+            "The line shows the migration running and for how long; while it builds an index, \
+             the build's phase and blocks (pg_stat_progress_create_index); otherwise the strong \
+             table locks it holds and the lock it waits for, with the pid holding it up. It is \
+             cleared when the migrations are applied.",
+        ],
+    ),
+];
+
+const PROGRESS: &str = "When standard error is a terminal, a live progress line is drawn there \
+     while the command works. There is none when standard error is not a terminal, with --json, \
+     under systemd (INVOCATION_ID or JOURNAL_STREAM set) or with --quiet: the logs and the report \
+     are then exactly what they are without it. Standard output never carries it.";
+
+/// Examples some commands' pages show, by page: (what it shows, the command). Each is a command
+/// the README's samples run (`tests/it/doc_samples.rs` holds them to it), which also show its
+/// output.
+const EXAMPLES: &[(&str, &[(&str, &str)])] = &[(
+    "tombstoned-keys-explain",
+    &[
+        (
+            "What a retry of this order gets, and why (the README's \"Why did this key answer \
+             that?\" shows the output):",
+            "tombstoned --config /etc/tombstoned/tombstoned.toml keys explain --tenant acme \
+             --principal alice --operation create-order --key checkout-42 --intent \
+             '{\"request_id\": \"PR-42\", \"amount\": \"100.00\", \"item\": \"SKU-42\", \
+             \"recipient\": \"Li Wei\"}'",
+        ),
+        (
+            "Whether the key has a record in another operation (exit status 3 when it has none):",
+            "tombstoned --config /etc/tombstoned/tombstoned.toml keys explain --tenant acme \
+             --principal alice --operation refund --key checkout-42",
+        ),
+    ],
+)];
+
 /// A command's page points at the main page for what every command shares, and at its parent's
-/// and its nested commands' pages (`related`, the main page first).
-fn command_page(main: &str, related: &[String]) -> Extra {
+/// and its nested commands' pages (`related`, the main page first); some pages add sections of
+/// their own ([`PAGE_SECTIONS`], [`EXAMPLES`]).
+fn command_page(main: &str, page: &str, related: &[String]) -> Extra {
     let mut roff = Roff::new();
+    for (_, title, paragraphs) in PAGE_SECTIONS.iter().filter(|(p, _, _)| *p == page) {
+        heading(&mut roff, title);
+        for text in *paragraphs {
+            paragraph(&mut roff, text);
+        }
+    }
+    for (_, examples) in EXAMPLES.iter().filter(|(p, _)| *p == page) {
+        heading(&mut roff, "EXAMPLES");
+        for (what, command) in *examples {
+            paragraph(&mut roff, what);
+            roff.control("PP", []);
+            roff.control("nf", []);
+            roff.text([roman(*command)]);
+            roff.control("fi", []);
+        }
+    }
     heading(&mut roff, "EXIT STATUS");
     roff.text([
         roman("As for every command: see "),

@@ -9,9 +9,11 @@ mod conformance;
 #[cfg(feature = "demo")]
 mod demo;
 pub mod generate;
+mod keys;
 mod migrate;
 mod operations;
 mod outbox;
+mod progress;
 mod serve;
 mod status;
 
@@ -79,6 +81,9 @@ pub enum Command {
     /// Deliver outbox events as webhooks now, list undelivered ones, requeue dead letters.
     #[command(subcommand)]
     Outbox(outbox::OutboxCommand),
+    /// Inspect idempotency keys: why a key answers what it answers.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Check that an HTTP endpoint keeps the idempotency contract: nine checks, one line each.
     #[command(long_about = conformance::LONG_ABOUT)]
     Conformance(conformance::ConformanceArgs),
@@ -109,6 +114,10 @@ pub struct CleanupArgs {
     /// Stop after this many batches; the backlog left is reported.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_batches: Option<u64>,
+    /// No progress line on a terminal (there is none anyway when stderr is not a terminal,
+    /// with --json, or under systemd).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// `tombstoned status`
@@ -133,6 +142,10 @@ pub struct MigrateArgs {
     /// List applied and pending migrations; change nothing.
     #[arg(long)]
     pub status: bool,
+    /// No progress line on a terminal while a migration runs (there is none anyway when stderr
+    /// is not a terminal, or under systemd).
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// `tombstoned demo`
@@ -210,10 +223,11 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// One line of the edge's own on stderr, `tombstoned: ` first (logs go there too). When stderr
-/// is gone as well there is nowhere left to say so.
+/// One line of the edge's own on stderr, `tombstoned: ` first (logs go there too; a progress
+/// line drawn there is lifted out of its way, as for a log line). When stderr is gone as well
+/// there is nowhere left to say so.
 fn say(line: &str) {
-    let _ = writeln!(std::io::stderr(), "tombstoned: {line}");
+    let _ = progress::LogWriter.write_all(format!("tombstoned: {line}\n").as_bytes());
 }
 
 /// Whether `e` is (or was caused by) standard output's reader going away.
@@ -232,7 +246,7 @@ fn init_logging(format: LogFormat, default_level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(progress::LogWriter);
     match format {
         LogFormat::Text => builder.finish().with(driver_cap()).init(),
         LogFormat::Json => builder
@@ -266,6 +280,14 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         }
         if cause.is::<db::connect::ConnectError>() {
             return Exit::Unavailable;
+        }
+        // Before the database error inside it: a role without the grants is the operator's.
+        if let Some(e) = cause.downcast_ref::<crate::keys::KeysError>() {
+            return match (e.is_usage(), e.class()) {
+                (true, _) => Exit::Usage,
+                (false, Some(ErrorClass::Unavailable)) => Exit::Unavailable,
+                (false, _) => Exit::Software,
+            };
         }
         if let Some(e) = cause.downcast_ref::<crate::outbox::OutboxError>() {
             if e.is_configuration() {
@@ -437,6 +459,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Outbox(command) => runtime()?.block_on(outbox::run(&config, &command)),
         Command::Operations(command) => runtime()?.block_on(operations::run(&config, &command)),
         Command::Status(args) => runtime()?.block_on(status::run(&config, &args)),
+        Command::Keys(command) => runtime()?.block_on(keys::run(&config, &command)),
         #[cfg(feature = "demo")]
         Command::Demo(_) => unreachable!("handled above"),
         Command::Generate(_) | Command::Conformance(_) => unreachable!("handled above"),
@@ -611,6 +634,24 @@ mod tests {
                 crate::conformance::ConformanceError::Unreachable {
                     url: "http://127.0.0.1:1/".into(),
                     reason: "Connection refused".into(),
+                }
+                .into(),
+                Exit::Unavailable,
+            ),
+            (
+                "keys explain: an intent that is not JSON",
+                anyhow::Error::new(crate::keys::KeysError::IntentNotJson("x".into()))
+                    .context("cannot explain the key"),
+                Exit::Usage,
+            ),
+            (
+                "keys explain: the database did not answer",
+                crate::keys::KeysError::Database {
+                    step: "reading the key",
+                    source: DbError::Timeout {
+                        what: "the explain",
+                        after: std::time::Duration::from_secs(1),
+                    },
                 }
                 .into(),
                 Exit::Unavailable,

@@ -15,13 +15,14 @@ use clap::Subcommand;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::count;
+use super::{count, progress};
 use crate::config::Config;
 use crate::db;
 use crate::exit::Exit;
 use crate::outbox::inspect::{self, DeliveryPreview};
 use crate::outbox::{
-    EventSummary, OutboxCounts, PassReport, Relay, RequeueReport, RequeueTarget, WebhookClient,
+    EventSummary, OutboxCounts, PassReport, Relay, RequeueReport, RequeueTarget, Tally,
+    WebhookClient,
 };
 use crate::signals::GracefulStop;
 use crate::stdout;
@@ -41,6 +42,10 @@ pub enum OutboxCommand {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// No progress line on a terminal (there is none anyway when stderr is not a terminal,
+        /// with --json, or under systemd).
+        #[arg(long)]
+        quiet: bool,
     },
     /// List undelivered events (pending and dead letters), oldest first.
     List {
@@ -91,6 +96,7 @@ pub(super) async fn run(config: &Config, command: &OutboxCommand) -> anyhow::Res
             max_events,
             dry_run: true,
             json,
+            ..
         } => {
             let limit = max_events.map_or(1000, |n| u32::try_from(n).unwrap_or(u32::MAX));
             let preview = inspect::preview(&config.database, limit)
@@ -104,8 +110,11 @@ pub(super) async fn run(config: &Config, command: &OutboxCommand) -> anyhow::Res
             Ok(Exit::Success)
         }
         OutboxCommand::Deliver {
-            max_events, json, ..
-        } => deliver(config, *max_events, *json).await,
+            max_events,
+            json,
+            quiet,
+            ..
+        } => deliver(config, *max_events, *json, *quiet).await,
         OutboxCommand::List {
             dead_letters,
             limit,
@@ -177,11 +186,24 @@ pub(super) fn check_line(config: &Config) -> anyhow::Result<String> {
     ))
 }
 
-async fn deliver(config: &Config, max_events: Option<u64>, json: bool) -> anyhow::Result<Exit> {
+async fn deliver(
+    config: &Config,
+    max_events: Option<u64>,
+    json: bool,
+    quiet: bool,
+) -> anyhow::Result<Exit> {
     let relay = Relay::new(&config.database, &config.outbox, "outbox-deliver", None)
         .context("cannot start the outbox relay")?;
-    super::require_current_schema(&config.database, "outbox-deliver", "outbox delivery failed")
-        .await?;
+    let checked =
+        super::connect_current(&config.database, "outbox-deliver", "outbox delivery failed")
+            .await?;
+    // On a terminal, the line counts toward the events due now (a statement only then).
+    let line = if progress::wanted(json, quiet) {
+        Some(start_line(&checked, max_events).await)
+    } else {
+        None
+    };
+    drop(checked);
     let shutdown = CancellationToken::new();
     let signals = match GracefulStop::install() {
         Ok(signals) => Some(signals.spawn(
@@ -197,11 +219,22 @@ async fn deliver(config: &Config, max_events: Option<u64>, json: bool) -> anyhow
             None
         }
     };
-    let result = relay.drain(max_events, &shutdown).await;
+    let tally = Tally::default();
+    let result = match &line {
+        Some(line) => {
+            let work = relay.drain_watched(max_events, &shutdown, Some(&tally));
+            progress::ticking(work, || show(line, &tally.get())).await
+        }
+        None => relay.drain(max_events, &shutdown).await,
+    };
     if let Some(signals) = signals {
         signals.abort();
     }
     let report = result.context("outbox delivery failed")?;
+    if let Some(line) = line {
+        show(&line, &report);
+        line.finish();
+    }
     if json {
         stdout::print(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
@@ -212,6 +245,38 @@ async fn deliver(config: &Config, max_events: Option<u64>, json: bool) -> anyhow
     } else {
         Exit::TempFail
     })
+}
+
+/// The progress line of a delivery run, its total the events due now (at most `max_events`;
+/// without one when they cannot be counted: the line is a courtesy, never a reason to fail).
+async fn start_line(session: &db::Session, max_events: Option<u64>) -> progress::Line {
+    match inspect::due_count(&session.conn()).await {
+        Ok(due) => progress::Line::start(
+            progress::counting_style("outbox deliver", "events", true),
+            Some(max_events.map_or(due, |max| due.min(max))),
+        ),
+        Err(e) => {
+            tracing::debug!(error = %db::error_text(&e), "due events not counted for the progress line");
+            progress::Line::start(
+                progress::counting_style("outbox deliver", "events", false),
+                None,
+            )
+        }
+    }
+}
+
+/// The run so far on its line: events attempted, and the rate, delivered, retries and dead
+/// letters.
+fn show(line: &progress::Line, r: &PassReport) {
+    let attempted = r.attempted();
+    let rate = line.per_second(attempted);
+    line.show(
+        attempted,
+        format!(
+            "{rate:.1} events/s, {} delivered, {} retry scheduled, {} dead-lettered",
+            r.delivered, r.retried, r.dead_lettered
+        ),
+    );
 }
 
 fn timestamp(t: DateTime<Utc>) -> String {

@@ -19,7 +19,7 @@
 //! tokio-postgres prepares nothing behind our back: the only statement it prepares itself is its
 //! type lookup, and only for a column or parameter type that is not built in. Every column and
 //! parameter tombstoned uses is a built-in type (text, integers, bool, bytea, uuid, uuid[],
-//! timestamptz, float8[], jsonb); the pooler tests check `pg_prepared_statements` on every server connection.
+//! timestamptz, int4[], float8[], jsonb); the pooler tests check `pg_prepared_statements` on every server connection.
 
 use super::pooled::{PooledSession, Prepared};
 use chrono::{DateTime, Utc};
@@ -54,6 +54,7 @@ pg_types! {
     i32 => INT4,
     i64 => INT8,
     f64 => FLOAT8,
+    Vec<i32> => INT4_ARRAY,
     Vec<f64> => FLOAT8_ARRAY,
     [u8] => BYTEA,
     Vec<u8> => BYTEA,

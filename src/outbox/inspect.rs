@@ -141,6 +141,13 @@ pub async fn counts(client: &Conn<'_>) -> Result<OutboxCounts, tokio_postgres::E
     })
 }
 
+/// How many events are due now (what a delivery run started now attempts, before
+/// `--max-events`), read on `client` without locking anything.
+pub async fn due_count(client: &Conn<'_>) -> Result<u64, tokio_postgres::Error> {
+    let row = client.query_one(sql::DUE_COUNT, &[]).await?;
+    Ok(count(row.try_get(0)?))
+}
+
 /// What `tombstoned outbox deliver` would send now.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeliveryPreview {

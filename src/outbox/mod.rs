@@ -41,7 +41,7 @@ use crate::db::{DbError, ErrorClass};
 pub use crate::config::{MaxAttempts, OutboxConfig};
 pub use inspect::{EventState, EventSummary, OutboxCounts, RequeueReport, RequeueTarget};
 pub use policy::{Decision, DeliveryOutcome};
-pub use relay::{PassReport, Relay};
+pub use relay::{PassReport, Relay, Tally};
 pub use webhook::{Attempt, AttemptResult, Secret, SecretError, WebhookClient};
 
 /// Why the relay (or an outbox command) could not do its work.

@@ -54,7 +54,35 @@ pub struct PassReport {
     pub unrecorded: u64,
 }
 
+/// A run's [`PassReport`] so far, added to as each event is handled: what a progress line reads
+/// while [`Relay::drain_watched`] runs.
+#[derive(Debug, Default)]
+pub struct Tally(std::sync::Mutex<PassReport>);
+
+impl Tally {
+    /// The run's report as it stands now.
+    pub fn get(&self) -> PassReport {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn add(&self, report: &PassReport) {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .add(report);
+    }
+}
+
 impl PassReport {
+    /// Events whose delivery ended one way or another (delivered, retry scheduled,
+    /// dead-lettered, not recorded, abandoned): what a run has gone through.
+    pub fn attempted(&self) -> u64 {
+        self.delivered + self.retried + self.dead_lettered + self.unrecorded + self.abandoned
+    }
+
     fn add(&mut self, other: &PassReport) {
         self.picked += other.picked;
         self.delivered += other.delivered;
@@ -176,7 +204,7 @@ impl Relay {
         limit: u32,
         shutdown: &CancellationToken,
     ) -> Result<PassReport, OutboxError> {
-        self.pass(&session.conn(), limit, &[], shutdown)
+        self.pass(&session.conn(), limit, &[], shutdown, None)
             .await
             .map(|(report, _)| report)
     }
@@ -189,6 +217,17 @@ impl Relay {
         max_events: Option<u64>,
         shutdown: &CancellationToken,
     ) -> Result<PassReport, OutboxError> {
+        self.drain_watched(max_events, shutdown, None).await
+    }
+
+    /// [`Relay::drain`], adding each event's outcome to `tally` as it is handled (and each pass's
+    /// leases as they are taken), so a caller can show the run while it goes on.
+    pub async fn drain_watched(
+        &self,
+        max_events: Option<u64>,
+        shutdown: &CancellationToken,
+        tally: Option<&Tally>,
+    ) -> Result<PassReport, OutboxError> {
         let session = self.connect().await?;
         let mut total = PassReport::default();
         let mut seen: Vec<Uuid> = Vec::new();
@@ -198,7 +237,9 @@ impl Relay {
             if limit == 0 {
                 break;
             }
-            let (report, picked) = self.pass(&session.conn(), limit, &seen, shutdown).await?;
+            let (report, picked) = self
+                .pass(&session.conn(), limit, &seen, shutdown, tally)
+                .await?;
             total.add(&report);
             if picked.is_empty() {
                 break;
@@ -289,13 +330,15 @@ impl Relay {
         Ok(())
     }
 
-    /// One pass; also returns the ids it leased.
+    /// One pass; also returns the ids it leased. With `tally`, each event's outcome is added to
+    /// it as soon as the event is handled.
     async fn pass(
         &self,
         client: &Conn<'_>,
         limit: u32,
         exclude: &[Uuid],
         shutdown: &CancellationToken,
+        tally: Option<&Tally>,
     ) -> Result<(PassReport, Vec<Uuid>), OutboxError> {
         if shutdown.is_cancelled() {
             return Ok((PassReport::default(), Vec::new()));
@@ -336,35 +379,44 @@ impl Relay {
         // least twice the timeout, so at least half a timeout is left to start in.
         let timeout = self.config.request_timeout;
         let start_by = picked_at + lease.saturating_sub(timeout + timeout / 2);
-        let outcomes: Vec<Handled> = futures::stream::iter(events)
+        if let Some(tally) = tally {
+            tally.add(&PassReport {
+                picked: report.picked,
+                ..PassReport::default()
+            });
+        }
+        let mut handled = futures::stream::iter(events)
             .map(|event| self.handle(client, event, start_by, shutdown))
-            .buffer_unordered(self.config.concurrency)
-            .collect()
-            .await;
+            .buffer_unordered(self.config.concurrency);
         let mut first_error = None;
-        for handled in outcomes {
+        while let Some(handled) = handled.next().await {
+            let mut one = PassReport::default();
             match handled {
-                Handled::Released => report.released += 1,
-                Handled::Abandoned => report.abandoned += 1,
+                Handled::Released => one.released += 1,
+                Handled::Abandoned => one.abandoned += 1,
                 Handled::Attempted {
                     decision,
                     timeout,
                     recorded,
                 } => match recorded {
                     Ok(true) => match decision {
-                        Decision::Delivered => report.delivered += 1,
+                        Decision::Delivered => one.delivered += 1,
                         Decision::Retry(_) => {
-                            report.retried += 1;
-                            report.timeouts += u64::from(timeout);
+                            one.retried += 1;
+                            one.timeouts += u64::from(timeout);
                         }
-                        Decision::DeadLetter => report.dead_lettered += 1,
+                        Decision::DeadLetter => one.dead_lettered += 1,
                     },
-                    Ok(false) => report.unrecorded += 1,
+                    Ok(false) => one.unrecorded += 1,
                     Err(e) => {
-                        report.unrecorded += 1;
+                        one.unrecorded += 1;
                         first_error.get_or_insert(e);
                     }
                 },
+            }
+            report.add(&one);
+            if let Some(tally) = tally {
+                tally.add(&one);
             }
         }
         tracing::debug!(?report, "outbox pass finished");

@@ -171,6 +171,15 @@ ORDER BY e.created_at
 LIMIT $1"
 );
 
+/// `tombstoned outbox deliver` on a terminal: how many events are due now (what its progress
+/// line counts toward), without locking anything.
+pub const DUE_COUNT: &str = concat!(
+    "SELECT count(*)
+FROM {schema}.outbox_events AS e
+WHERE ",
+    due_condition!()
+);
+
 /// `tombstoned outbox list`: undelivered events (pending and dead letters), oldest first, at
 /// most `$2`; only dead letters when `$1`.
 pub const LIST_UNDELIVERED: &str = concat!(

@@ -10,8 +10,10 @@
 //! transaction-mode pooler does not keep, so `migrate` refuses to run through one
 //! ([`MigrationError::TransactionPooler`]).
 
+use std::time::{Duration, Instant};
+
 use super::sql;
-use crate::db::{self, pipeline, Conn, DatabaseConfig, DbError, Param, Pooler};
+use crate::db::{self, pipeline, Conn, DatabaseConfig, DbError, Param, Pooler, Session};
 
 mod embedded {
     #![allow(missing_docs)]
@@ -148,6 +150,15 @@ async fn apply(
         return Err(MigrationError::TransactionPooler);
     }
     let mut session = db::connect(db, "migrate").await?;
+    apply_on(&mut session, db, runner).await
+}
+
+/// The migration run on `session` (the migrate session, dedicated).
+async fn apply_on(
+    session: &mut Session,
+    db: &DatabaseConfig,
+    runner: refinery::Runner,
+) -> Result<Vec<MigrationInfo>, MigrationError> {
     let client = &mut session.client;
     // Same key for every process migrating this schema; released when the session ends even
     // if we crash half way.
@@ -167,6 +178,183 @@ async fn apply(
         .map_err(MigrationError::Apply)?;
     client.execute(sql::ADVISORY_UNLOCK, &[&lock_key]).await?;
     Ok(report.applied_migrations().iter().map(info).collect())
+}
+
+/// What a migration run is doing, as a second session sees it ([`migrate_watched`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigrationActivity {
+    /// The migration running: the first pending one the history does not have yet (`None`:
+    /// before the first, e.g. waiting for another `migrate`'s advisory lock, or after the last).
+    pub migration: Option<MigrationInfo>,
+    /// Its place among the migrations this run applies (1-based), and how many that is.
+    pub step: (usize, usize),
+    /// How long it has been running (since this watcher first saw it).
+    pub running_for: Duration,
+    /// Its index build, when PostgreSQL reports one (`pg_stat_progress_create_index`).
+    pub index_build: Option<IndexBuild>,
+    /// The strong table locks it holds: "AccessExclusiveLock on tombstoned.idempotency_records".
+    pub holds: Vec<String>,
+    /// The lock it waits for, and who holds it.
+    pub waits: Option<LockWait>,
+}
+
+/// An index build in progress, as `pg_stat_progress_create_index` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IndexBuild {
+    /// The index (its oid while its creation is uncommitted), when known.
+    pub index: Option<String>,
+    /// The table.
+    pub table: Option<String>,
+    /// The phase: "building index: scanning table", "building index: loading tuples in tree", ...
+    pub phase: String,
+    /// Blocks to scan, and scanned.
+    pub blocks: (i64, i64),
+    /// Tuples to load, and loaded (where the phase counts them).
+    pub tuples: (i64, i64),
+}
+
+/// A lock the migration waits for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockWait {
+    /// What: a relation's name, or the lock type (`advisory`: another `migrate`;
+    /// `transactionid`: a row another transaction holds).
+    pub what: String,
+    /// The mode asked for.
+    pub mode: String,
+    /// The sessions holding it up (`pg_blocking_pids`).
+    pub blocked_by: Vec<i32>,
+}
+
+/// [`migrate`], telling `watch` every `every` what the run is doing, read from a second session
+/// ([`MigrationActivity`]; `tombstoned migrate` on a terminal shows it). Without a second
+/// session (it cannot be opened), the run goes on unwatched. The migrations applied are the same
+/// as [`migrate`]'s, on the same kind of session.
+pub async fn migrate_watched(
+    db: &DatabaseConfig,
+    every: Duration,
+    mut watch: impl FnMut(&MigrationActivity),
+) -> Result<Vec<MigrationInfo>, MigrationError> {
+    if db.pooler == Pooler::Transaction {
+        return Err(MigrationError::TransactionPooler);
+    }
+    let mut session = db::connect(db, "migrate").await?;
+    let pid = session.backend_pid().await?;
+    let watcher = match db::connect(db, "migrate-watch").await {
+        Ok(watcher) => watcher,
+        Err(e) => {
+            tracing::debug!(error = %db::error_text(&e), "migration not watched");
+            return apply_on(&mut session, db, runner()).await;
+        }
+    };
+    let pending = match status(&watcher.conn(), None).await {
+        Ok(status) => status.pending,
+        Err(_) => known(),
+    };
+    let work = apply_on(&mut session, db, runner());
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut current: Option<(i32, Instant)> = None;
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = tick.tick() => {
+                match activity(&watcher.conn(), pid, &pending, &mut current).await {
+                    Ok(activity) => watch(&activity),
+                    Err(e) => tracing::debug!(error = %db::error_text(&e), "migration activity not read"),
+                }
+            }
+        }
+    }
+}
+
+/// What the migrate session `pid` is doing now, `pending` the migrations it applies; `current`
+/// keeps which one ran at the last look and since when.
+async fn activity(
+    conn: &Conn<'_>,
+    pid: i32,
+    pending: &[MigrationInfo],
+    current: &mut Option<(i32, Instant)>,
+) -> Result<MigrationActivity, DbError> {
+    let applied: Vec<i32> = match conn.query_one(sql::HISTORY_EXISTS, &[]).await?.try_get(0)? {
+        true => conn
+            .query(sql::HISTORY, &[])
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?,
+        false => Vec::new(),
+    };
+    let running = pending
+        .iter()
+        .enumerate()
+        .find(|(_, m)| !applied.contains(&m.version));
+    let mut report = MigrationActivity {
+        step: (running.map_or(pending.len(), |(i, _)| i + 1), pending.len()),
+        migration: running.map(|(_, m)| m.clone()),
+        ..MigrationActivity::default()
+    };
+    let since = match (running, *current) {
+        (Some((_, m)), Some((version, since))) if version == m.version => since,
+        (Some((_, m)), _) => {
+            let now = Instant::now();
+            *current = Some((m.version, now));
+            now
+        }
+        (None, _) => Instant::now(),
+    };
+    report.running_for = since.elapsed();
+    let seen = session_activity(conn, pid).await?;
+    report.index_build = seen.index_build;
+    report.holds = seen.holds;
+    report.waits = seen.waits;
+    Ok(report)
+}
+
+/// What session `pid` is doing, as `conn` (a session of the same role, or of one that sees
+/// every session) sees it: its index build, the strong table locks it holds, the lock it waits
+/// for ([`sql::MIGRATION_ACTIVITY`]); `migration`, `step` and `running_for` are left empty
+/// (the history tells those, [`migrate_watched`]).
+pub async fn session_activity(conn: &Conn<'_>, pid: i32) -> Result<MigrationActivity, DbError> {
+    let Some(row) = conn.query_opt(sql::MIGRATION_ACTIVITY, &[&pid]).await? else {
+        return Ok(MigrationActivity::default());
+    };
+    let index_build = match row.try_get::<_, Option<String>>("phase")? {
+        Some(phase) => Some(IndexBuild {
+            index: row.try_get("index_name")?,
+            table: row.try_get("table_name")?,
+            phase,
+            blocks: (
+                row.try_get::<_, Option<i64>>("blocks_total")?.unwrap_or(0),
+                row.try_get::<_, Option<i64>>("blocks_done")?.unwrap_or(0),
+            ),
+            tuples: (
+                row.try_get::<_, Option<i64>>("tuples_total")?.unwrap_or(0),
+                row.try_get::<_, Option<i64>>("tuples_done")?.unwrap_or(0),
+            ),
+        }),
+        None => None,
+    };
+    let holds = row.try_get("holds")?;
+    let waits = match row.try_get::<_, Option<String>>("waits_locktype")? {
+        Some(locktype) => {
+            let relation: Option<String> = row.try_get("waits_relation")?;
+            Some(LockWait {
+                what: relation.unwrap_or(locktype),
+                mode: row
+                    .try_get::<_, Option<String>>("waits_mode")?
+                    .unwrap_or_default(),
+                blocked_by: row.try_get("blocked_by")?,
+            })
+        }
+        None => None,
+    };
+    Ok(MigrationActivity {
+        index_build,
+        holds,
+        waits,
+        ..MigrationActivity::default()
+    })
 }
 
 /// Compares the database's history (read on `conn`, in its schema) with the migrations embedded

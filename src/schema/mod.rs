@@ -13,7 +13,8 @@ pub mod sql;
 
 pub use api::{require_known, schema_version, UnknownApiVersion, API_FUNCTIONS, API_VERSION};
 pub use migrations::{
-    migrate, migrate_to, MigrationError, MigrationInfo, MigrationStatus, HISTORY_TABLE,
+    migrate, migrate_to, migrate_watched, IndexBuild, LockWait, MigrationActivity, MigrationError,
+    MigrationInfo, MigrationStatus, HISTORY_TABLE,
 };
 
 use crate::db::{Conn, DbError};

@@ -43,6 +43,30 @@ text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, text)', 'EXE
        AND has_function_privilege('{schema}.endpoint_claim_rejected(text, text, text, text, \
 bytea, smallint, jsonb, bigint, text)', 'EXECUTE')";
 
+/// What the migrate session `$1` (its pid) is doing, as another session of the same role sees
+/// it: its wait, the sessions it waits for, its index build (`pg_stat_progress_create_index`:
+/// phase, blocks and tuples), the strong table locks it holds (those that hold the application
+/// back: `ShareLock` and above, as "<mode> on <relation>") and the lock it waits for, if any. A
+/// relation the migration created and has not committed yet is not in this session's catalogue:
+/// it shows as its oid. Reads views only; locks nothing.
+pub const MIGRATION_ACTIVITY: &str = "\
+SELECT a.wait_event_type, a.wait_event, pg_blocking_pids(a.pid) AS blocked_by,
+       p.phase, p.blocks_total, p.blocks_done, p.tuples_total, p.tuples_done,
+       p.index_relid::regclass::text AS index_name, p.relid::regclass::text AS table_name,
+       ARRAY(SELECT l.mode || ' on ' || l.relation::regclass::text
+             FROM pg_locks AS l
+             WHERE l.pid = a.pid AND l.granted AND l.locktype = 'relation'
+               AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
+                              'AccessExclusiveLock')
+             ORDER BY l.relation::regclass::text, l.mode) AS holds,
+       w.locktype AS waits_locktype, w.mode AS waits_mode,
+       w.relation::regclass::text AS waits_relation
+FROM pg_stat_activity AS a
+LEFT JOIN pg_stat_progress_create_index AS p ON p.pid = a.pid
+LEFT JOIN LATERAL (SELECT l.locktype, l.mode, l.relation FROM pg_locks AS l
+                   WHERE l.pid = a.pid AND NOT l.granted LIMIT 1) AS w ON true
+WHERE a.pid = $1";
+
 #[cfg(test)]
 mod tests {
     use super::*;

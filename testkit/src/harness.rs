@@ -177,6 +177,21 @@ pub async fn wait_until_lock_wait(observer: &Client, pid: i32, timeout: Duration
     .unwrap_or_else(|| panic!("backend {pid} never waited on a lock within {timeout:?}"));
 }
 
+/// Polls `pg_stat_activity` until backend `pid` sits in an open transaction, waiting for its
+/// client (`state = 'idle in transaction'`): the barrier that proves a session holds what its
+/// transaction took (an uncommitted claim, a row lock) while the test looks. Panics after
+/// `timeout`.
+pub async fn wait_until_idle_in_transaction(observer: &Client, pid: i32, timeout: Duration) {
+    wait_until(
+        observer,
+        timeout,
+        "SELECT state = 'idle in transaction' FROM pg_stat_activity WHERE pid = $1",
+        pid,
+    )
+    .await
+    .unwrap_or_else(|| panic!("backend {pid} never sat idle in a transaction within {timeout:?}"));
+}
+
 /// Polls until some backend of the observer's database whose `application_name` starts with
 /// `prefix` waits on a lock; returns its pid. (Other tests' databases never match.)
 pub async fn wait_until_app_lock_wait(observer: &Client, prefix: &str, timeout: Duration) -> i32 {

@@ -58,6 +58,8 @@ fn checked_in_man_pages_and_completions_match_the_command_line() {
             "tombstoned-outbox-deliver.8",
             "tombstoned-outbox-list.8",
             "tombstoned-outbox-requeue.8",
+            "tombstoned-keys.8",
+            "tombstoned-keys-explain.8",
             "tombstoned-conformance.8",
             "tombstoned-operations.8",
             "tombstoned-operations-grant.8",
@@ -216,8 +218,9 @@ fn man_pages_render_without_warnings() {
 
 fn groff(page: &Path) -> std::process::Output {
     Command::new("groff")
-        // -P-cbou: plain text (no overstriking for bold and underline), to read it back.
-        .args(["-man", "-Tutf8", "-ww", "-P-cbou"])
+        // -P-cbou: plain text (no overstriking for bold and underline), to read it back;
+        // -rHY=0: no hyphenation, so a sentence reads back word for word wherever it breaks.
+        .args(["-man", "-Tutf8", "-ww", "-P-cbou", "-rHY=0"])
         .arg(page)
         .output()
         .unwrap_or_else(|e| {

@@ -57,6 +57,8 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("webhook", &[]),
     ("conformance", &[]),
     ("operations", &[]),
+    ("progress", &[]),
+    ("keys-explain", &["held-open", "tombstoned"]),
 ];
 
 /// Groups whose sample is not a console block: (group, language).
@@ -279,10 +281,49 @@ impl Shell {
         output
     }
 
-    /// Runs every command of `block` and compares.
-    async fn run(&mut self, block: &Block) {
+    /// `command` with stdout and stderr on a pseudo-terminal of 200 columns (util-linux's
+    /// `script`, `TERM=xterm`): its exit status in `status`, and in `stdout` the terminal's
+    /// screen as a person reads it at the end ([`screen`]).
+    fn on_terminal(&mut self, command: &str) -> Output {
+        let mut command = command.to_owned();
+        for (from, to) in &self.substitutions {
+            command = command.replace(from, to);
+        }
+        let output = Command::new("script")
+            .args([
+                "-q",
+                "-e",
+                "-c",
+                &format!("stty cols 200 rows 50; {command}"),
+                "/dev/null",
+            ])
+            .env_clear()
+            .envs(&self.env)
+            .env("TERM", "xterm")
+            .current_dir(&self.dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        Output {
+            stdout: screen(&String::from_utf8_lossy(&output.stdout)).into_bytes(),
+            ..output
+        }
+    }
+
+    /// Runs every command of `block` and compares; returns what each printed.
+    async fn run(&mut self, block: &Block) -> Vec<String> {
+        self.run_with(block, Shell::output).await
+    }
+
+    /// [`Shell::run`], each command run by `run`.
+    async fn run_with(
+        &mut self,
+        block: &Block,
+        run: impl Fn(&mut Shell, &str) -> Output,
+    ) -> Vec<String> {
+        let mut printed = Vec::new();
         for (command, expected) in commands(&block.body) {
-            let output = tokio::task::block_in_place(|| self.output(&command));
+            let output = tokio::task::block_in_place(|| run(self, &command));
             let mut actual = String::from_utf8_lossy(&output.stdout).into_owned();
             if !output.status.success() {
                 actual.push_str(&String::from_utf8_lossy(&output.stderr));
@@ -295,7 +336,9 @@ impl Shell {
                     String::from_utf8_lossy(&output.stderr)
                 ));
             }
+            printed.push(actual);
         }
+        printed
     }
 
     fn finish(self) {
@@ -322,6 +365,35 @@ fn compare(label: &str, actual: &str, expected: &str) -> Result<(), snapbox::ass
             r.redact(&actual).into_data(),
             r.redact(&expected).into_data(),
         )
+}
+
+/// What a terminal shows at the end of `raw` (what it received): line by line, only what the
+/// last carriage return left of each (a progress line redraws itself in place), escape
+/// sequences (colours, line clearing) removed, trailing blanks trimmed.
+fn screen(raw: &str) -> String {
+    let escapes = Regex::new(r"\x1b\[[0-9;?]*[A-Za-z]").unwrap();
+    let raw = raw.replace("\r\n", "\n");
+    let mut out = String::new();
+    for line in raw.split('\n') {
+        let shown = line.rsplit('\r').next().unwrap_or_default();
+        out.push_str(escapes.replace_all(shown, "").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A real `tombstoned cleanup` run on `url` (a step of a sample group: the record's window is
+/// over, the cleaner tombstones it).
+fn run_cleanup(url: &str) {
+    let cleanup = tokio::task::block_in_place(|| {
+        Command::new(binary())
+            .arg("cleanup")
+            .env_clear()
+            .env("TOMBSTONED_DATABASE_URL", url)
+            .output()
+            .unwrap()
+    });
+    assert!(cleanup.status.success(), "{cleanup:?}");
 }
 
 fn step(block: &Block) -> Option<&str> {
@@ -426,15 +498,7 @@ async fn the_http_walkthrough_is_what_the_daemon_answers() {
                 )
                 .await
                 .unwrap();
-            let cleanup = tokio::task::block_in_place(|| {
-                Command::new(binary())
-                    .arg("cleanup")
-                    .env_clear()
-                    .env("TOMBSTONED_DATABASE_URL", &db.url)
-                    .output()
-                    .unwrap()
-            });
-            assert!(cleanup.status.success(), "{cleanup:?}");
+            run_cleanup(&db.url);
         }
         shell.run(&block).await;
     }
@@ -696,4 +760,116 @@ async fn the_webhook_sample_is_what_the_relay_sends() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// "Progress of long runs": `tombstoned cleanup` on a terminal, on the first run's data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_progress_sample_is_what_a_terminal_shows() {
+    let db = TestDb::new().await;
+    let _client = seeded(&db).await;
+    let mut shell = Shell::new(&[("TOMBSTONED_DATABASE_URL", &db.url)]);
+    for block in samples("progress") {
+        shell.run_with(&block, Shell::on_terminal).await;
+    }
+    shell.finish();
+}
+
+/// The order of `keys explain`'s samples: created through the endpoint (acme/alice,
+/// `checkout-42`); `held-open`: an SQL API claim of `create-payment`/`pay-7` left open in a
+/// session named `payments` (a `pg_stat_activity` barrier: idle in transaction); `tombstoned`:
+/// that claim rolled back, the order's window over and the real cleaner run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keys_explain_samples_are_what_it_prints() {
+    let api = crate::api_support::TestApi::start().await;
+    api.post(
+        crate::api_support::ALICE,
+        "checkout-42",
+        &serde_json::json!({"request_id": "PR-42", "amount": "100.00", "item": "SKU-42",
+                            "recipient": "Li Wei", "metadata": {"trace_id": "abc"}}),
+    )
+    .await
+    .expect(201);
+    let client = api.db.client().await;
+    let mut shell = Shell::new(&[("TOMBSTONED_DATABASE_URL", &api.db.url)]);
+    let mut held: Option<Client> = None;
+    for block in samples("keys-explain") {
+        match step(&block) {
+            Some("held-open") => {
+                let mut config = crate::harness::server().clone();
+                config.dbname(&api.db.name);
+                config.application_name("payments");
+                let (session, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(connection);
+                let pid = crate::api_support::backend_pid(&session).await;
+                session
+                    .batch_execute(
+                        "BEGIN; SELECT * FROM tombstoned.claim('acme', 'alice', 'create-payment', \
+                         'pay-7', tombstoned.fingerprint('{\"amount_minor\": 2500, \
+                         \"currency\": \"EUR\"}'), interval '1 day')",
+                    )
+                    .await
+                    .unwrap();
+                crate::harness::wait_until_idle_in_transaction(
+                    &client,
+                    pid,
+                    std::time::Duration::from_secs(30),
+                )
+                .await;
+                held = Some(session);
+            }
+            Some("tombstoned") => {
+                if let Some(session) = held.take() {
+                    session.batch_execute("ROLLBACK").await.unwrap();
+                }
+                client
+                    .execute(
+                        "UPDATE idempotency_records SET replay_deadline = now() \
+                         WHERE idempotency_key = 'checkout-42'",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                run_cleanup(&api.db.url);
+            }
+            _ => {}
+        }
+        shell.run(&block).await;
+    }
+    shell.finish();
+}
+
+/// The man page of `keys explain` shows, as its examples, commands the samples above run.
+#[test]
+fn the_keys_explain_man_page_examples_are_samples() {
+    let page =
+        std::fs::read_to_string(repo_root().join("dist/man/tombstoned-keys-explain.8")).unwrap();
+    let examples = page
+        .split_once(".SH EXAMPLES\n")
+        .expect("an EXAMPLES section")
+        .1;
+    let examples: Vec<String> = examples
+        .lines()
+        .take_while(|l| !l.starts_with(".SH"))
+        .filter(|l| l.starts_with("tombstoned "))
+        .map(|l| l.replace("\\-", "-").replace("\\*(Aq", "'"))
+        .collect();
+    assert!(!examples.is_empty(), "no example command in:\n{page}");
+    let sampled: Vec<String> = samples("keys-explain")
+        .iter()
+        .flat_map(|b| commands(&b.body))
+        .map(|(command, _)| {
+            command
+                .replace("\\\n", " ")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    for example in examples {
+        let example = example.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            sampled.iter().any(|s| s.starts_with(&example)),
+            "the man page's example is no sample: {example}\nsamples: {sampled:#?}"
+        );
+    }
 }
