@@ -66,6 +66,7 @@ WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
   AND l.transactionid = $1::text::xid AND l.pid <> pg_backend_pid()
   AND EXISTS (SELECT 1 FROM pg_locks AS t
               WHERE t.pid = l.pid AND t.locktype = 'relation' AND t.granted
+                AND t.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                 AND t.relation = '{schema}.idempotency_records'::regclass
                 AND t.mode IN ('RowShareLock', 'RowExclusiveLock'))";
 
@@ -89,11 +90,14 @@ SELECT count(*) FROM {schema}.idempotency_scopes
 WHERE tenant_id = $1 AND principal_id = $2 AND operation = $3";
 
 /// `$1` a table (its qualified name): the sessions whose open transaction has written to it and
-/// not committed (a row-exclusive lock on it, and a transaction id). An uncommitted claim of a
+/// not committed (a row-exclusive lock on it, and a transaction id). A relation's lock names it
+/// by database and OID: databases cloned from one template share their tables' OIDs, so the
+/// database is part of the match. An uncommitted claim of a
 /// record (or of a scope's first key, for the scopes table) is one of them.
 pub const WRITERS: &str = "\
 SELECT DISTINCT l.pid FROM pg_locks AS l
 WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock' AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.relation = $1::text::regclass AND l.pid <> pg_backend_pid()
   AND EXISTS (SELECT 1 FROM pg_locks AS x
               WHERE x.pid = l.pid AND x.locktype = 'transactionid' AND x.granted
@@ -114,6 +118,7 @@ SELECT a.pid, a.application_name, a.usename::text AS role,
        pg_blocking_pids(a.pid) AS waiting_for,
        ARRAY(SELECT l.mode FROM pg_locks AS l
              WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                AND l.relation = '{schema}.idempotency_records'::regclass
              ORDER BY l.mode) AS record_locks,
        ARRAY(SELECT b.pid FROM pg_stat_activity AS b
