@@ -135,21 +135,21 @@ INSERT_PAYMENT = """INSERT INTO payments AS p
     (tenant_id, principal_id, request_id, amount_minor, currency, payee)
 VALUES (%s, %s, %s, %s, %s, %s)
 RETURNING p.payment_id::text, payment_body(p)"""
-SAME_REQUEST = """SELECT p.payment_id::text, payment_body(p)::text FROM payments AS p
- WHERE p.tenant_id = %s AND p.principal_id = %s AND p.request_id = %s
-   AND p.amount_minor = %s AND p.currency = %s AND p.payee = %s"""
+BY_REQUEST_ID = """SELECT p.principal_id = %s AND p.amount_minor = %s AND p.currency = %s
+       AND p.payee = %s, payment_body(p)::text, p.payment_id::text
+  FROM payments AS p WHERE p.tenant_id = %s AND p.request_id = %s"""
 FIELDS = ("request_id", "amount_minor", "currency", "payee")
 
 
-async def same_request(
+async def by_request_id(
     conn: AsyncConnection[Any], scope: tombstoned.Scope, intent: dict[str, Any]
-) -> tombstoned.ReplayByBusinessId | None:
+) -> tombstoned.BusinessRecord | None:
     """A new key for a request_id that already has its payment (23505): the same caller's same
-    request gets it back as a replay of its first answer; anything else is a 409."""
-    values = [intent[field] for field in FIELDS]
-    cursor = await conn.execute(SAME_REQUEST, (scope.tenant, scope.principal, *values))
+    request gets it back as a replay (200); anything else is a 409."""
+    params = (scope.principal, intent["amount_minor"], intent["currency"], intent["payee"])
+    cursor = await conn.execute(BY_REQUEST_ID, (*params, scope.tenant, intent["request_id"]))
     row = await cursor.fetchone()
-    return tombstoned.ReplayByBusinessId(row[1], row[0], status_code=201) if row else None
+    return tombstoned.BusinessRecord(*row) if row else None
 
 
 @app.post("/payments")
@@ -160,7 +160,7 @@ async def same_request(
     intent=payment_intent,
     resource_url=lambda payment_id: f"/payments/{payment_id}",
     resource_name="payment",
-    business_id=tombstoned.AsyncBusinessId("payments_request_id_key", same_request),
+    business_id=tombstoned.AsyncBusinessId("payments_request_id_key", by_request_id),
 )
 async def create_payment(
     tx: tombstoned.AsyncTransaction, intent: dict[str, Any]

@@ -27,8 +27,8 @@ from payments_api import (
 from support import (
     BUSINESS_CONSTRAINT,
     SCHEMA,
-    find_payment_async,
     insert_payment_async,
+    read_payment_async,
     service_url,
 )
 from tombstoned.fastapi import idempotent
@@ -88,13 +88,13 @@ def make_app() -> FastAPI:
         caller=authenticate,
         intent=payment_intent,
         resource_url=payment_url,
-        business_id=tombstoned.AsyncBusinessId(BUSINESS_CONSTRAINT, find_payment_async),
+        business_id=tombstoned.AsyncBusinessId(BUSINESS_CONSTRAINT, read_payment_async),
     )
     app.post("/payments")(idempotent(runner(PATIENT), **route)(create))
     app.post("/payments/impatient")(idempotent(runner(IMPATIENT), **route)(create))
     app.post("/payments/brief")(idempotent(runner(PATIENT, BRIEF_WINDOW), **route)(create))
     app.post("/payments/failing")(idempotent(runner(PATIENT), **route)(create_then_fail))
-    keyless = idempotent(runner(PATIENT), **route, key_required=False)
+    keyless = idempotent(runner(PATIENT), **route, key_optional=True)
     app.post("/payments/keyless")(keyless(create))
 
     @app.get("/payments/{payment_id}")

@@ -111,31 +111,29 @@ VALUES (%s, %s, %s, %s)
 RETURNING p.payment_id::text, public.py_payment_body(p)"""
 
 #: The payment a business id names, and whether it is this caller's same request.
-FIND_PAYMENT = """SELECT p.principal_id = %s AND p.amount_minor = %s, p.payment_id::text,
-       public.py_payment_body(p)::text
+FIND_PAYMENT = """SELECT p.principal_id = %s AND p.amount_minor = %s,
+       public.py_payment_body(p)::text, p.payment_id::text
   FROM public.py_payments AS p WHERE p.tenant_id = %s AND p.request_id = %s"""
 
 
-def found_payment(row: tuple[Any, ...] | None) -> tombstoned.ReplayByBusinessId | None:
-    if row is None or not row[0]:
-        return None
-    return tombstoned.ReplayByBusinessId(row[2], row[1])
+def found_payment(row: tuple[Any, ...] | None) -> tombstoned.BusinessRecord | None:
+    return tombstoned.BusinessRecord(*row) if row is not None else None
 
 
 def find_params(scope: tombstoned.Scope, payment: dict[str, Any]) -> tuple[object, ...]:
     return (scope.principal, payment["amount_minor"], scope.tenant, payment["request_id"])
 
 
-def find_payment(
+def read_payment(
     conn: psycopg.Connection[Any], scope: tombstoned.Scope, payment: dict[str, Any]
-) -> tombstoned.ReplayByBusinessId | None:
-    """The 23505 hook's read: the existing payment as a replay, or None (a 409)."""
+) -> tombstoned.BusinessRecord | None:
+    """The 23505 hook's read: the payment that holds the request_id, or None."""
     return found_payment(conn.execute(FIND_PAYMENT, find_params(scope, payment)).fetchone())
 
 
-async def find_payment_async(
+async def read_payment_async(
     conn: psycopg.AsyncConnection[Any], scope: tombstoned.Scope, payment: dict[str, Any]
-) -> tombstoned.ReplayByBusinessId | None:
+) -> tombstoned.BusinessRecord | None:
     cursor = await conn.execute(FIND_PAYMENT, find_params(scope, payment))
     return found_payment(await cursor.fetchone())
 

@@ -222,7 +222,12 @@ def test_40p01_a_deadlock_runs_the_whole_transaction_again(
         asks_a.result(PATIENCE)  # granted once the runner's first attempt rolled back
         other.commit()
         result = run.result(PATIENCE)
-    assert result == tombstoned.Completed(201, '{"attempt": 2}', None)
+    assert isinstance(result, tombstoned.Completed)
+    assert (result.status_code, result.body_text, result.resource_id) == (
+        201,
+        '{"attempt": 2}',
+        None,
+    )
     assert attempts == 2
 
 
@@ -238,7 +243,7 @@ def test_retries_exhausted_after_three_serialization_failures() -> None:
         with pytest.raises(tombstoned.RetriesExhausted) as exhausted:
             runner(conn).execute(SCOPE, new_key(), {}, always_fails)
     assert (attempts, exhausted.value.attempts, exhausted.value.sqlstate) == (3, 3, "40001")
-    assert tombstoned.answer(exhausted.value).headers["Retry-After"] == "1"
+    assert tombstoned.http_answer(exhausted.value).headers["Retry-After"] == "1"
 
 
 def test_25006_on_a_read_only_transaction_or_server() -> None:
@@ -269,7 +274,7 @@ def test_42501_not_allowed() -> None:
         with pytest.raises(tombstoned.NotAllowed) as refused:
             runner(conn).execute(SCOPE, new_key(), {}, reads_the_records)
     assert refused.value.sqlstate == "42501"
-    assert tombstoned.answer(refused.value).status == 500
+    assert tombstoned.http_answer(refused.value).status == 500
 
 
 def test_a_backend_terminated_before_commit_is_unavailable_and_commits_nothing(
@@ -300,7 +305,7 @@ def test_a_backend_terminated_before_commit_is_unavailable_and_commits_nothing(
             run.result(PATIENCE)
         other.rollback()
     assert lost.value.sqlstate in ("57P01", None)
-    assert tombstoned.answer(lost.value).status == 503
+    assert tombstoned.http_answer(lost.value).status == 503
     assert payments_of(admin_conn, payment["request_id"]) == 0
     assert records_of(admin_conn, key) == 0
 
@@ -349,4 +354,4 @@ def test_class_53_out_of_resources(small_role: str) -> None:
         with pytest.raises(tombstoned.OutOfResources) as exhausted:
             runner(conn).execute(SCOPE, new_key(), {}, sorts_too_much)
     assert exhausted.value.sqlstate == "53400"
-    assert tombstoned.answer(exhausted.value).headers["Retry-After"] == "10"
+    assert tombstoned.http_answer(exhausted.value).headers["Retry-After"] == "10"

@@ -22,7 +22,7 @@ from payments_api import (
     parse_payment,
     payment_url,
 )
-from support import BUSINESS_CONSTRAINT, SCHEMA, find_payment
+from support import BUSINESS_CONSTRAINT, SCHEMA, read_payment
 from tombstoned.django import idempotent
 
 from .models import Payment
@@ -69,13 +69,13 @@ route: dict[str, Any] = dict(
     caller=authenticate,
     intent=payment_intent,
     resource_url=payment_url,
-    business_id=tombstoned.BusinessId(BUSINESS_CONSTRAINT, find_payment),
+    business_id=tombstoned.BusinessId(BUSINESS_CONSTRAINT, read_payment),
 )
 create_payment = idempotent(runner(PATIENT), **route)(create)
 create_payment_impatient = idempotent(runner(IMPATIENT), **route)(create)
 create_payment_brief = idempotent(runner(PATIENT, BRIEF_WINDOW), **route)(create)
 create_payment_failing = idempotent(runner(PATIENT), **route)(create_then_fail)
-create_payment_keyless = idempotent(runner(PATIENT), **route, key_required=False)(create)
+create_payment_keyless = idempotent(runner(PATIENT), **route, key_optional=True)(create)
 
 
 def show_payment(request: HttpRequest, payment_id: uuid.UUID) -> HttpResponse:
