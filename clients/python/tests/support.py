@@ -24,6 +24,8 @@ REPO = HERE.parents[2]
 
 #: Every operation the suite claims under.
 OPERATION = "create-payment"
+#: An operation no role of the suite holds (a call in it is refused: 42501).
+NOT_GRANTED = "refund-payment"
 TENANT = "acme"
 PRINCIPAL = "billing"
 SCOPE = tombstoned.Scope(TENANT, PRINCIPAL, OPERATION)
@@ -67,20 +69,24 @@ CREATE OR REPLACE FUNCTION public.py_payment_body(p public.py_payments) RETURNS 
 BUSINESS_CONSTRAINT = "py_payments_request_id_key"
 
 
-def set_up_role(conn: psycopg.Connection[Any], role: str, operation: str = OPERATION) -> None:
+def set_up_role(
+    conn: psycopg.Connection[Any], role: str, operation: str | None = OPERATION
+) -> None:
     """What a service role of this suite gets: the README's two GRANTs and its operation, granted
     through the daemon's own command (tests/it/clients_support.rs gave both to the main role
-    already; repeating them changes nothing). The one place of a role's set-up."""
+    already; repeating them changes nothing); None grants it no operation. The one place of a
+    role's set-up."""
     conn.execute(
         sql.SQL(
             "GRANT USAGE ON SCHEMA {s} TO {r}; GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r}"
         ).format(s=sql.Identifier(SCHEMA), r=sql.Identifier(role))
     )
-    subprocess.run(
-        [BIN, "--config", CONFIG, "operations", "grant", operation, role],
-        check=True,
-        capture_output=True,
-    )
+    if operation is not None:
+        subprocess.run(
+            [BIN, "--config", CONFIG, "operations", "grant", operation, role],
+            check=True,
+            capture_output=True,
+        )
 
 
 def service_url(**overrides: Any) -> str:

@@ -5,6 +5,7 @@ what the runner does with it (retry, give up, roll everything back)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,13 +20,16 @@ from psycopg_pool import AsyncConnectionPool
 import tombstoned
 from support import (
     ADMIN_URL,
+    NOT_GRANTED,
     PATIENCE,
+    PRINCIPAL,
     SCHEMA,
     SCOPE,
     SERVICE_ROLE,
     SERVICE_URL,
     TENANT,
     admin,
+    count,
     insert_payment,
     intent,
     new_key,
@@ -275,6 +279,92 @@ def test_42501_not_allowed() -> None:
             runner(conn).execute(SCOPE, new_key(), {}, reads_the_records)
     assert refused.value.sqlstate == "42501"
     assert tombstoned.http_answer(refused.value).status == 500
+
+
+def test_42501_a_call_outside_the_roles_operations_reveals_nothing(
+    admin_conn: psycopg.Connection[Any],
+) -> None:
+    """claim, complete and lookup in an operation the role was not granted: NotAllowed, for a key
+    that has a record there (the admin made it) exactly as for one that has none; nothing
+    written; the answer a 500 that names nothing."""
+    elsewhere = tombstoned.Scope(TENANT, PRINCIPAL, NOT_GRANTED)
+    held, fresh = new_key(), new_key()
+    with psycopg.connect(ADMIN_URL) as owner:
+        tombstoned.claim(owner, elsewhere, held, {"v": 1}, HOUR, schema=SCHEMA)
+        tombstoned.complete(owner, elsewhere, held, 201, {"secret": held}, "res-1", schema=SCHEMA)
+        owner.commit()
+    refusals: dict[str, list[str]] = {}
+    with psycopg.connect(SERVICE_URL) as conn:
+
+        def calls(key: str) -> dict[str, Callable[[], object]]:
+            return {
+                "claim": lambda: tombstoned.claim(
+                    conn, elsewhere, key, {"v": 1}, HOUR, schema=SCHEMA
+                ),
+                "complete": lambda: tombstoned.complete(
+                    conn, elsewhere, key, 201, {}, schema=SCHEMA
+                ),
+                "lookup": lambda: tombstoned.lookup(conn, elsewhere, key, {"v": 1}, schema=SCHEMA),
+            }
+
+        for key in (held, fresh):
+            for name, call in calls(key).items():
+                with pytest.raises(tombstoned.NotAllowed) as refused:
+                    call()
+                conn.rollback()
+                assert refused.value.sqlstate == "42501"
+                refusals.setdefault(name, []).append(str(refused.value))
+                answer = tombstoned.http_answer(refused.value)
+                assert answer.status == 500
+                assert json.loads(answer.body)["detail"] == "Internal error."
+                assert NOT_GRANTED not in answer.body and SERVICE_ROLE not in answer.body
+    for name, (on_held, on_fresh) in refusals.items():
+        assert on_held == on_fresh, f"{name} tells a key that exists from one that does not"
+        assert NOT_GRANTED in on_held and SERVICE_ROLE in on_held, on_held
+    assert records_of(admin_conn, fresh) == 0
+    assert (
+        count(
+            admin_conn,
+            sql.SQL(
+                "SELECT count(*) FROM {}.idempotency_records WHERE idempotency_key = %s"
+                " AND response_body IS NOT NULL"
+            ).format(sql.Identifier(SCHEMA)),
+            held,
+        )
+        == 1
+    )
+
+
+@pytest.fixture
+def role_without_operations() -> Iterator[str]:
+    """A role with the two GRANTs and no operation."""
+    role = f"{SERVICE_ROLE}_idle"
+    ident = sql.Identifier(role)
+    with admin() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {r} LOGIN PASSWORD 'idle'").format(r=ident))
+        set_up_role(conn, role, operation=None)
+    yield role
+    with admin() as conn:
+        conn.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=ident))
+
+
+def test_42501_enqueue_event_by_a_role_without_any_operation(
+    role_without_operations: str, admin_conn: psycopg.Connection[Any]
+) -> None:
+    aggregate = f"agg-{new_key()}"
+    with psycopg.connect(role_url(role_without_operations, "idle")) as conn:
+        with pytest.raises(tombstoned.NotAllowed) as refused:
+            tombstoned.enqueue_event(conn, TENANT, aggregate, "payment.created", {}, schema=SCHEMA)
+        conn.rollback()
+    assert refused.value.sqlstate == "42501"
+    events = sql.SQL("SELECT count(*) FROM {}.outbox_events WHERE aggregate_id = %s").format(
+        sql.Identifier(SCHEMA)
+    )
+    assert count(admin_conn, events, aggregate) == 0
+    # The same call by the suite's role, which holds an operation, is allowed.
+    with psycopg.connect(SERVICE_URL) as conn:
+        tombstoned.enqueue_event(conn, TENANT, aggregate, "payment.created", {}, schema=SCHEMA)
+        conn.rollback()
 
 
 def test_a_backend_terminated_before_commit_is_unavailable_and_commits_nothing(
