@@ -106,7 +106,7 @@ function authenticate(req, res, next) {
 /** POST /payments: the route the adapter runs under the protocol. */
 const createPayment = {
   operation: 'create-payment',
-  scope: (req) => req.caller,
+  caller: (req) => req.caller,
   intent: (req) => parseIntent(req.body),
   resourceUrl: (id) => `/payments/${id}`,
   resourceName: 'payment', // the 410 names payment_id and payment_url
@@ -117,11 +117,11 @@ const createPayment = {
     const { rows: [payment] } = await tx.query(INSERT_PAYMENT,
       [tenant, principal, requestId, amount, currency, payee]);
     await tx.enqueueEvent(payment.payment_id, 'payment.created', payment.body);
-    return { status: 201, body: payment.body, resourceId: payment.payment_id };
+    return tx.complete(201, payment.body, payment.payment_id);
   },
   // The business id, the second line of defence: a new key for a request that already has a
-  // payment. The same caller's same request gets it as a replay (201, as the other two examples
-  // answer); anything else a conflict that says nothing of the other payment.
+  // payment. The same caller's same request gets it as a replay (200: this request created
+  // nothing); anything else a conflict that says nothing of the other payment.
   businessId: {
     constraint: 'payments_request_id_key',
     read: async (client, scope, intent) => {
@@ -129,7 +129,7 @@ const createPayment = {
         intent.currency, intent.payee, scope.tenant, intent.request_id]);
       if (rows.length === 0) return null;
       const [found] = rows;
-      return { same: found.same, bodyText: found.body, resourceId: found.payment_id, status: 201 };
+      return { same: found.same, bodyText: found.body, resourceId: found.payment_id };
     },
   },
 };

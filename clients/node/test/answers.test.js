@@ -14,11 +14,11 @@ import {
   KeyReused,
   OutcomeUnknownError,
   PROBLEM_TYPE_PREFIX,
+  readIdempotencyKey,
   Replay,
   ReplayByBusinessId,
   RetriesExhaustedError,
 } from '@tombstoned/client';
-import { idempotencyKeyOf } from '@tombstoned/client/express';
 
 import { admin, servicePool } from './support/env.js';
 
@@ -66,19 +66,30 @@ async function inputsOf(entry) {
     case 'missing_or_invalid_key': {
       const repeated = (() => {
         try {
-          return idempotencyKeyOf(['Idempotency-Key', 'a', 'idempotency-key', 'b']);
+          return readIdempotencyKey(['a', 'b']);
         } catch (error) {
           return error;
         }
       })();
       const invalid = (() => {
         try {
-          return idempotencyKeyOf(['Idempotency-Key', 'clé']);
+          return readIdempotencyKey(['clé']);
         } catch (error) {
           return error;
         }
       })();
-      return [['repeated key', repeated, 400], ['non-ASCII key', invalid, 400]];
+      const missing = (() => {
+        try {
+          return readIdempotencyKey([]);
+        } catch (error) {
+          return error;
+        }
+      })();
+      return [
+        ['repeated key', repeated, 400],
+        ['non-ASCII key', invalid, 400],
+        ['missing key', missing, 400],
+      ];
     }
     case 'outcome_unknown':
       return [['outcome unknown', new OutcomeUnknownError('lost at COMMIT'), 503]];
@@ -150,6 +161,18 @@ test('without a resource URL: no Location, and the 410 names the id alone', () =
     'Content-Type': 'application/json',
     'Idempotent-Replayed': 'true',
   });
+});
+
+test('the Idempotency-Key rules: one value of 1-255 visible ASCII characters', () => {
+  for (const key of ['a', '~'.repeat(255), '7d1c-pay-1', "!#$%&'*+,-./:;<=>?@[]^_`{|}"]) {
+    assert.equal(readIdempotencyKey([key]), key);
+  }
+  assert.equal(readIdempotencyKey([], { keyOptional: true }), null);
+  for (const values of [[], [''], ['a'.repeat(256)], ['has space'], ['tab\tkey'], ['\x7f'],
+    ['k-1', 'k-1']]) {
+    assert.throws(() => readIdempotencyKey(values), { name: 'InvalidIdempotencyKeyError' });
+  }
+  assert.throws(() => readIdempotencyKey([''], { keyOptional: true }));
 });
 
 test('a resource name names the 410\'s members as the endpoint does (order_id, order_url)', () => {
