@@ -192,21 +192,32 @@ def test_40p01_a_deadlock_runs_the_whole_transaction_again(
 ) -> None:
     """The runner's handler holds aggregate A's event counter and asks for B's, which an admin
     session holds while it asks for A's: a real deadlock, whose victim is the runner's attempt
-    (the admin session's deadlock_timeout is long). The second attempt completes."""
+    (only its deadlock_timeout, 1 s, runs out: the admin session's is long; and claim()'s
+    lock_timeout is the call's only, so the wait meets the deadlock check, not a lock timeout).
+    The second attempt starts its writes once the admin session has committed: an
+    INSERT ... ON CONFLICT that waited on attempt 1 takes no tuple lock, so attempt 2 could
+    insert A's counter first and deadlock again. Attempt 2 then completes, with no wait."""
     key = new_key()
     app = f"py-dl-{key[2:14]}"
     agg_a, agg_b = f"agg-a-{key}", f"agg-b-{key}"
-    holds_a, admin_waits = threading.Event(), threading.Event()
+    holds_a, admin_waits, admin_committed = threading.Event(), threading.Event(), threading.Event()
     attempts = 0
+    failures: list[str | None] = []
 
     def handler(tx: tombstoned.Transaction) -> tombstoned.Completed:
         nonlocal attempts
         attempts += 1
+        if attempts > 1:
+            assert admin_committed.wait(PATIENCE)
         tx.enqueue_event(agg_a, "t", {"attempt": attempts})
         if attempts == 1:
             holds_a.set()
             assert admin_waits.wait(PATIENCE)
-        tx.enqueue_event(agg_b, "t", {"attempt": attempts})
+        try:
+            tx.enqueue_event(agg_b, "t", {"attempt": attempts})
+        except tombstoned.TombstonedError as e:
+            failures.append(e.sqlstate)
+            raise
         return tx.complete(201, {"attempt": attempts})
 
     enqueue = sql.SQL("SELECT {}.enqueue_event(%s, %s, 't', '{{}}')").format(sql.Identifier(SCHEMA))
@@ -225,7 +236,9 @@ def test_40p01_a_deadlock_runs_the_whole_transaction_again(
         admin_waits.set()
         asks_a.result(PATIENCE)  # granted once the runner's first attempt rolled back
         other.commit()
+        admin_committed.set()
         result = run.result(PATIENCE)
+    assert failures == ["40P01"]
     assert isinstance(result, tombstoned.Completed)
     assert (result.status_code, result.body_text, result.resource_id) == (
         201,
