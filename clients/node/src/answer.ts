@@ -169,7 +169,7 @@ function errorAnswer(error: unknown): HttpAnswer {
   }
   if (error instanceof InvalidRequestError) {
     const kind = { status: error.status, name: error.problem, title: error.title };
-    return problem(kind, error.message, {}, error.members);
+    return problem(kind, error.message, error.headers, error.members);
   }
   if (error instanceof ReadOnlyError) {
     return problem(

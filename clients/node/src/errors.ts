@@ -133,6 +133,8 @@ export class InvalidRequestError extends TombstonedError {
   readonly title: string;
   /** Extension members of the problem document. */
   readonly members: Record<string, unknown>;
+  /** Headers of the answer (a 401's `WWW-Authenticate`). */
+  readonly headers: Record<string, string>;
 
   constructor(
     detail: string,
@@ -141,6 +143,7 @@ export class InvalidRequestError extends TombstonedError {
       problem?: string;
       title?: string;
       members?: Record<string, unknown>;
+      headers?: Record<string, string>;
     } = {},
   ) {
     super(detail);
@@ -148,6 +151,7 @@ export class InvalidRequestError extends TombstonedError {
     this.problem = options.problem ?? 'validation-failed';
     this.title = options.title ?? 'One or more fields are invalid';
     this.members = options.members ?? {};
+    this.headers = options.headers ?? {};
   }
 }
 

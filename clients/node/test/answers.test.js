@@ -11,6 +11,7 @@ import {
   DuplicateBusinessId,
   Expired,
   httpAnswer,
+  InvalidRequestError,
   KeyReused,
   OutcomeUnknownError,
   PROBLEM_TYPE_PREFIX,
@@ -182,6 +183,31 @@ test('a resource name names the 410\'s members as the endpoint does (order_id, o
   });
   const { payment_id: id, payment_url: url, resource_id: none } = JSON.parse(expired.body);
   assert.deepEqual([id, url, none], [RESOURCE, resourceUrl(RESOURCE), undefined]);
+});
+
+test('a refused request is its problem, with its members and headers', () => {
+  const refused = new InvalidRequestError('a valid bearer token is required', {
+    status: 401,
+    problem: 'unauthenticated',
+    title: 'Unauthenticated',
+    members: { field: 'authorization' },
+    headers: { 'WWW-Authenticate': 'Bearer' },
+  });
+  const answer = httpAnswer(refused);
+  assert.equal(answer.status, 401);
+  assert.deepEqual(answer.headers, {
+    'Content-Type': 'application/problem+json',
+    'WWW-Authenticate': 'Bearer',
+  });
+  assert.deepEqual(JSON.parse(answer.body), {
+    type: `${PROBLEM_TYPE_PREFIX}unauthenticated`,
+    title: 'Unauthenticated',
+    status: 401,
+    detail: 'a valid bearer token is required',
+    field: 'authorization',
+  });
+  const plain = JSON.parse(httpAnswer(new InvalidRequestError('no')).body);
+  assert.deepEqual([plain.status, plain.type], [400, `${PROBLEM_TYPE_PREFIX}validation-failed`]);
 });
 
 test('an error that is not the protocol\'s is a 500 that says nothing of it', () => {

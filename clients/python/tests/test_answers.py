@@ -134,9 +134,14 @@ def test_an_invalid_request_is_its_problem() -> None:
         problem="unauthenticated",
         title="A valid bearer token is required",
         members={"field": "amount"},
+        headers={"WWW-Authenticate": "Bearer"},
     )
     reply = tombstoned.http_answer(refused)
-    assert (reply.status, reply.headers) == (401, {"Content-Type": "application/problem+json"})
+    assert reply.status == 401
+    assert reply.headers == {
+        "Content-Type": "application/problem+json",
+        "WWW-Authenticate": "Bearer",
+    }
     assert json.loads(reply.body) == {
         "type": CASES["problem_type_prefix"] + "unauthenticated",
         "title": "A valid bearer token is required",

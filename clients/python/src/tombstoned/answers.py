@@ -162,7 +162,7 @@ def _error_answer(error: TombstonedError) -> HttpAnswer:
         return problem(_INVALID_KEY, str(error))
     if isinstance(error, InvalidRequest):
         kind = _Problem(error.status, error.problem, error.title)
-        return problem(kind, str(error), members=error.members)
+        return problem(kind, str(error), headers=error.headers, members=error.members)
     if isinstance(error, ReadOnly):
         return problem(
             _UNAVAILABLE,

@@ -119,7 +119,8 @@ class InvalidIdempotencyKey(TombstonedError):
 class InvalidRequest(TombstonedError):
     """A request refused before any transaction (raised by a route's ``caller`` or ``intent``):
     it consumes no key. Answered as an RFC 9457 problem: ``status`` (a 4xx), the problem's
-    ``problem`` name and ``title``, the message as its detail, ``members`` added to it."""
+    ``problem`` name and ``title``, the message as its detail, ``members`` added to it, and
+    ``headers`` (a 401's ``WWW-Authenticate``)."""
 
     def __init__(
         self,
@@ -129,12 +130,14 @@ class InvalidRequest(TombstonedError):
         problem: str = "validation-failed",
         title: str = "One or more fields are invalid",
         members: dict[str, object] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(detail)
         self.status = status
         self.problem = problem
         self.title = title
         self.members: dict[str, object] = dict(members or {})
+        self.headers: dict[str, str] = dict(headers or {})
 
 
 _BY_SQLSTATE: dict[str, type[TombstonedError]] = {
