@@ -50,12 +50,7 @@ async fn python_client_suite() {
 #[test]
 fn python_client_passes_mypy_strict_and_ruff() {
     let python = setup();
-    let sources = [
-        "src",
-        "tests",
-        "tools",
-        "../../examples/python-payments",
-    ];
+    let sources = ["src", "tests", "tools", "../../examples/python-payments"];
     let ruff = project().join(".venv/bin/ruff");
     let checks: [(&std::path::Path, Vec<&str>); 3] = [
         (&python, vec!["-m", "mypy"]),

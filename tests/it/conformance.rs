@@ -304,8 +304,8 @@ async fn example_passes_every_check(example: Example, db: &TestDb, url: &str) {
 async fn the_examples_and_each_adapters_sample_app_pass_every_check() {
     let db = TestDb::new().await;
     let url = examples::service_role(&db).await;
-    let daemon = Daemon::start(Spec::new(&db.url).config("[cleanup]\nschedule = \"* * * * * *\""))
-        .await;
+    let daemon =
+        Daemon::start(Spec::new(&db.url).config("[cleanup]\nschedule = \"* * * * * *\"")).await;
     let apps = [
         Example::Python,
         Example::Django,
