@@ -1,196 +1,63 @@
 'use strict';
 // POST /payments with an Idempotency-Key, on the Express adapter of @tombstoned/client
-// (clients/node): this file is the business — who the caller is, what a payment request means,
-// the payment row — and the adapter keeps the protocol. See examples/README.md for the contract
-// the three examples share.
-//
-// Environment:
-//   DATABASE_URL        the service role (USAGE on schema tombstoned, EXECUTE on its functions,
-//                       and its own table `payments`, examples/payments.sql)
-//   PAYMENTS_TOKENS     JSON: bearer token -> {"tenant": ..., "principal": ...}
-//   PORT                default 8080; 0 picks a free port. The first line printed names it.
-//   CLAIM_LOCK_TIMEOUT  how long a claim waits for an in-flight owner (default "2 seconds")
-//   REPLAY_WINDOW       how long a key replays its answer (default "24 hours")
+// (clients/node): the same service as fastify.js, on the route declaration both share
+// (business.js, which lists the environment). The adapter keeps the protocol; this file is the
+// app: authentication, the body's bytes, where Location leads. See examples/README.md for the
+// contract the examples share.
 
 const express = require('express');
-const { Pool } = require('pg');
-const { classify, httpAnswer, Idempotency, InvalidRequestError } = require('@tombstoned/client');
+const { classify, httpAnswer, Idempotency } = require('@tombstoned/client');
 const { idempotent } = require('@tombstoned/client/express');
+const business = require('./business');
 
-// ISO 4217 minor-unit exponents of the currencies this service takes.
-const CURRENCIES = { EUR: 2, USD: 2, JPY: 0 };
-const DEFAULT_CURRENCY = 'EUR';
-const MAX_BODY_BYTES = 16 * 1024;
-
-const TOKENS = JSON.parse(process.env.PAYMENTS_TOKENS || '{}');
-
-// Every statement takes its values as parameters.
-const INSERT_PAYMENT = `INSERT INTO payments AS p
-    (tenant_id, principal_id, request_id, amount_minor, currency, payee)
-VALUES ($1, $2, $3, $4, $5, $6)
-RETURNING p.payment_id::text AS payment_id, payment_body(p) AS body`;
-const BY_REQUEST_ID = `SELECT p.principal_id = $1 AND p.amount_minor = $2 AND p.currency = $3
-           AND p.payee = $4 AS same,
-       payment_body(p)::text AS body, p.payment_id::text AS payment_id
-  FROM payments AS p
- WHERE p.tenant_id = $5 AND p.request_id = $6`;
-const BY_ID = `SELECT payment_body(p)::text AS body FROM payments AS p
- WHERE p.tenant_id = $1 AND p.payment_id::text = $2`;
-
-const invalid = (detail) => new InvalidRequestError(detail);
-const length = (s) => [...s].length; // in code points, as the other examples count
-
-/** "12.5" -> 1250 in a currency of exponent 2; a JSON number is not accepted. */
-function minorUnits(amount, exponent) {
-  const match = typeof amount === 'string' && /^(0|[1-9][0-9]{0,11})(?:\.([0-9]+))?$/.exec(amount);
-  const fraction = (match && match[2]) || '';
-  if (!match || fraction.length > exponent) {
-    throw invalid(`amount: a decimal string with at most ${exponent} decimals`);
-  }
-  // At most 12 + 2 digits: below 2^53, exact as a JS number.
-  const minor = Number(match[1]) * 10 ** exponent + Number(fraction.padEnd(exponent, '0') || '0');
-  if (minor <= 0) throw invalid('amount: must be positive');
-  return minor;
-}
-
-function textField(doc, name, longest) {
-  const value = doc[name];
-  if (typeof value !== 'string' || length(value) < 1 || length(value) > longest) {
-    throw invalid(`${name}: a string of 1 to ${longest} characters`);
-  }
-  return value;
-}
-
-/** The normalised intent: defaults applied, the amount in minor units. Its fingerprint is
- * tombstoned.fingerprint() of exactly this object. */
-function parseIntent(raw) {
-  let doc;
-  try {
-    doc = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(raw));
-  } catch {
-    throw invalid('the body is not JSON');
-  }
-  if (doc === null || typeof doc !== 'object' || Array.isArray(doc)) {
-    throw invalid('the body must be a JSON object');
-  }
-  const currency = Object.hasOwn(doc, 'currency') ? doc.currency : DEFAULT_CURRENCY;
-  if (typeof currency !== 'string' || !Object.hasOwn(CURRENCIES, currency)) {
-    throw invalid(`currency: one of ${Object.keys(CURRENCIES).sort().join(', ')}`);
-  }
-  return {
-    v: 1,
-    request_id: textField(doc, 'request_id', 64),
-    amount_minor: minorUnits(doc.amount, CURRENCIES[currency]),
-    currency,
-    payee: textField(doc, 'payee', 100),
-  };
-}
-
-const problem = (res, status, title, detail, headers = {}) =>
-  res.status(status).set({ 'Content-Type': 'application/problem+json', ...headers })
-    .send(JSON.stringify({ status, title, detail }));
-
-/** The caller of a bearer token: the scope's tenant and principal come from here only. */
-function authenticate(req, res, next) {
-  const authorization = req.get('authorization') || '';
-  const token = authorization.startsWith('Bearer ') ? authorization.slice(7) : null;
-  if (token === null || !Object.hasOwn(TOKENS, token)) {
-    problem(res, 401, 'unauthenticated', 'a valid bearer token is required',
-      { 'WWW-Authenticate': 'Bearer' });
-    return;
-  }
-  req.caller = TOKENS[token];
-  next();
-}
-
-/** POST /payments: the route the adapter runs under the protocol. */
-const createPayment = {
-  operation: 'create-payment',
-  scope: (req) => req.caller,
-  intent: (req) => parseIntent(req.body),
-  resourceUrl: (id) => `/payments/${id}`,
-  resourceName: 'payment', // the 410 names payment_id and payment_url
-  // Only the owner writes: the payment row, its event, the answer complete() stores.
-  handler: async (tx) => {
-    const { tenant, principal } = tx.scope;
-    const { request_id: requestId, amount_minor: amount, currency, payee } = tx.intent;
-    const { rows: [payment] } = await tx.query(INSERT_PAYMENT,
-      [tenant, principal, requestId, amount, currency, payee]);
-    await tx.enqueueEvent(payment.payment_id, 'payment.created', payment.body);
-    return { status: 201, body: payment.body, resourceId: payment.payment_id };
-  },
-  // The business id, the second line of defence: a new key for a request that already has a
-  // payment. The same caller's same request gets it as a replay (201, as the other two examples
-  // answer); anything else a conflict that says nothing of the other payment.
-  businessId: {
-    constraint: 'payments_request_id_key',
-    read: async (client, scope, intent) => {
-      const { rows } = await client.query(BY_REQUEST_ID, [scope.principal, intent.amount_minor,
-        intent.currency, intent.payee, scope.tenant, intent.request_id]);
-      if (rows.length === 0) return null;
-      const [found] = rows;
-      return { same: found.same, bodyText: found.body, resourceId: found.payment_id, status: 201 };
-    },
-  },
-};
+/** An answer of the client's (a problem, or a 503 from the database), sent as it is (bytes: a
+ * string would get a charset added to its Content-Type). */
+const send = (res, answer) =>
+  res.status(answer.status).set(answer.headers).send(Buffer.from(answer.body, 'utf8'));
 
 function app(pool, settings) {
+  // --- README begin
   const idempotency = new Idempotency(pool, settings);
   const service = express();
+  const body = express.raw({ type: () => true, limit: business.MAX_BODY_BYTES });
+  service.post('/payments', authenticate, body, idempotent(idempotency, business.createPayment));
+  // --- README end
   service.disable('x-powered-by');
-  const body = express.raw({ type: () => true, limit: MAX_BODY_BYTES });
-  service.post('/payments', authenticate, body, idempotent(idempotency, createPayment));
   // Where Location leads: the caller's tenant's payment, or 404.
   service.get('/payments/:id', authenticate, async (req, res) => {
     try {
-      const { rows } = await pool.query(BY_ID, [req.caller.tenant, req.params.id]);
-      if (rows.length === 0) return problem(res, 404, 'not found', 'no such payment');
-      return res.type('application/json').send(rows[0].body);
+      const text = await business.paymentText(pool, req.caller, req.params.id);
+      if (text === null) return send(res, httpAnswer(business.notFound('payment')));
+      return res.type('application/json').send(Buffer.from(text, 'utf8'));
     } catch (e) {
       // The client's answer to a database error: 503 + Retry-After when it is unavailable.
-      const answer = httpAnswer(classify(e, { fromDriver: true }));
-      return res.status(answer.status).set(answer.headers).send(answer.body);
+      return send(res, httpAnswer(classify(e, { fromDriver: true })));
     }
   });
-  service.use((req, res) => problem(res, 404, 'not found', 'no such route'));
-  // The body parser's refusals, and anything else: the key was not consumed.
+  service.use((req, res) => send(res, httpAnswer(business.notFound('route'))));
+  // The body parser's refusals (the key was not consumed), and anything else: a 500 that says
+  // nothing of it.
   service.use((err, req, res, next) => { // eslint-disable-line no-unused-vars
-    if (err.type === 'entity.too.large') {
-      return problem(res, 413, 'payload too large', `at most ${MAX_BODY_BYTES} bytes`);
-    }
-    if (err.status === 400) return problem(res, 400, 'bad request', 'the body could not be read');
+    if (err.type === 'entity.too.large') return send(res, httpAnswer(business.tooLarge()));
+    if (err.status >= 400 && err.status < 500) return send(res, httpAnswer(business.unreadable()));
     console.error(`create payment failed: ${err.stack || err}`);
-    return problem(res, 500, 'internal error', 'internal error');
+    return send(res, httpAnswer(err));
   });
   return service;
 }
 
-function main() {
-  if (!process.env.DATABASE_URL) {
-    console.error('DATABASE_URL is not set');
-    process.exit(1);
+/** The caller from its bearer token, before the route (a 401 problem otherwise). */
+function authenticate(req, res, next) {
+  try {
+    req.caller = business.callerOf(req.get('authorization'));
+  } catch (refused) {
+    send(res, httpAnswer(refused));
+    return;
   }
-  const callers = TOKENS !== null && typeof TOKENS === 'object' ? Object.values(TOKENS) : [null];
-  const valid = (c) => c !== null && typeof c.tenant === 'string'
-    && typeof c.principal === 'string';
-  if (!callers.every(valid)) {
-    console.error('PAYMENTS_TOKENS: {"token": {"tenant": ..., "principal": ...}, ...}');
-    process.exit(1);
-  }
-  const pool = new Pool({
-    connectionString: process.env.DATABASE_URL,
-    application_name: 'payments-node',
-    max: 8,
-  });
-  // An idle client's connection that breaks is reported here; the pool replaces it.
-  pool.on('error', (e) => console.error(`idle database connection failed: ${e.message}`));
-  const settings = {
-    lockTimeout: process.env.CLAIM_LOCK_TIMEOUT || '2 seconds',
-    replayWindow: process.env.REPLAY_WINDOW || '24 hours',
-  };
-  const server = app(pool, settings).listen(Number(process.env.PORT || 8080), '127.0.0.1', () => {
-    console.log(`listening on http://127.0.0.1:${server.address().port}`);
-  });
+  next();
 }
 
-main();
+const { pool, settings, port } = business.environment('payments-node');
+const server = app(pool, settings).listen(port, '127.0.0.1', () => {
+  console.log(`listening on http://127.0.0.1:${server.address().port}`);
+});

@@ -4,7 +4,7 @@
 //! with the daemon's cleaner, the wheel and sdist, the README samples) against a fresh database
 //! migrated by the daemon with a service role that has only the documented grants
 //! (`clients_support`); and `mypy --strict`, `ruff check` and `ruff format --check` over the
-//! package, its tests and the FastAPI example.
+//! package, its tests and the Python example's two sample apps (FastAPI, Django).
 //!
 //! `clients/setup python` makes the venv from the pinned requirements first (a no-op when made):
 //! a missing interpreter or package fails the test, never skips it.
@@ -50,12 +50,7 @@ async fn python_client_suite() {
 #[test]
 fn python_client_passes_mypy_strict_and_ruff() {
     let python = setup();
-    let sources = [
-        "src",
-        "tests",
-        "tools",
-        "../../examples/python-payments/service.py",
-    ];
+    let sources = ["src", "tests", "tools", "../../examples/python-payments"];
     let ruff = project().join(".venv/bin/ruff");
     let checks: [(&std::path::Path, Vec<&str>); 3] = [
         (&python, vec!["-m", "mypy"]),

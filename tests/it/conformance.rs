@@ -1,7 +1,8 @@
 //! `tombstoned conformance` (issue 39), the real binary against real HTTP endpoints: the
-//! built-in `POST /v1/orders` of a running `serve` and the three example services pass every
-//! check, `expired` included; endpoints broken here in one way each fail exactly the checks that
-//! rule guards and pass the others; the `--json` document holds every request and answer with
+//! built-in `POST /v1/orders` of a running `serve`, the three example services and the clients'
+//! sample apps of their other adapters (Django, Fastify) pass every check, `expired` included;
+//! endpoints broken here in one way each fail exactly the checks that rule guards and pass the
+//! others; the `--json` document holds every request and answer with
 //! the credentials redacted; usage errors and an unreachable URL exit 64 and 69 with one line.
 
 use std::time::Duration;
@@ -269,11 +270,11 @@ async fn the_built_in_endpoint_passes_every_check() {
     assert_eq!(orders, 2, "{}", daemon.log());
 }
 
-/// One example service with a replay window of 3 seconds: every check passes.
-async fn example_passes_every_check(example: Example) {
-    let db = TestDb::new().await;
-    let url = examples::service_role(&db).await;
-    let service = examples::start_with_window(example, &db, &url, "3 seconds").await;
+/// One example service, or a client's sample app, started with a replay window of 3 seconds on
+/// `db` (whose daemon cleans every second) as the service role `url`: every check passes,
+/// `expired` included, with the other principal's credentials for `scoped`.
+async fn example_passes_every_check(example: Example, db: &TestDb, url: &str) {
+    let service = examples::start_with_window(example, db, url, "3 seconds").await;
     let endpoint = format!("{}/payments", service.base);
     let token = |t: &str| format!("Authorization: Bearer {t}");
     let (billing, audit) = (token(examples::TOKEN), token(examples::OTHER_TOKEN));
@@ -296,13 +297,45 @@ async fn example_passes_every_check(example: Example) {
     assert_lines(&ran, &[], &[]);
 }
 
-/// The three examples, at once (each run mostly waits for its window).
+/// The three examples and the clients' two other adapters' sample apps (Django, Fastify), at once
+/// on one database whose daemon's cleaner runs every second (each run mostly waits for its
+/// window): the four adapters and the Rust example keep the contract.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_examples_pass_every_check() {
-    futures::future::join_all(
-        [Example::Python, Example::Node, Example::Rust].map(example_passes_every_check),
-    )
-    .await;
+async fn the_examples_and_each_adapters_sample_app_pass_every_check() {
+    let db = TestDb::new().await;
+    let url = examples::service_role(&db).await;
+    let daemon =
+        Daemon::start(Spec::new(&db.url).config("[cleanup]\nschedule = \"* * * * * *\"")).await;
+    let apps = [
+        Example::Python,
+        Example::Django,
+        Example::Node,
+        Example::Fastify,
+        Example::Rust,
+    ];
+    futures::future::join_all(apps.map(|app| example_passes_every_check(app, &db, &url))).await;
+    // The cleaner ran beside them: the apps' records past their window become tombstones.
+    let admin = db.client().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let tombstones: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM idempotency_records WHERE expired AND response_body IS NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if tombstones > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the daemon's cleaner made no tombstone: {}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Values the command cannot use: exit 64, one line on stderr naming the flag, nothing on

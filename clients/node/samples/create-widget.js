@@ -6,7 +6,7 @@ import { InvalidRequestError } from '@tombstoned/client';
 export const createWidget = {
   operation: 'create-widget',
   // Who asks: from the app's own authentication, never from the body.
-  scope: (req) => req.caller, // { tenant, principal }
+  caller: (req) => req.caller, // { tenant, principal }
   // Before any transaction (a refusal consumes no key): only what changes the result.
   intent: (req) => {
     const { request_id: requestId, name } = req.body ?? {};
@@ -25,7 +25,7 @@ export const createWidget = {
       [tx.scope.tenant, tx.scope.principal, tx.intent.request_id, tx.intent.name],
     );
     await tx.enqueueEvent(widget.id, 'widget.created', widget.body);
-    return { status: 201, body: widget.body, resourceId: widget.id };
+    return tx.complete(201, widget.body, widget.id);
   },
   resourceUrl: (id) => `/widgets/${id}`,
 };

@@ -14,6 +14,7 @@ import {
   ReadOnlyError,
   RetriesExhaustedError,
   SerializationFailureError,
+  TombstonedError,
 } from './errors.js';
 import type { ExecuteOutcome } from './outcomes.js';
 
@@ -100,10 +101,6 @@ function problem(
   };
 }
 
-function unavailable(retryAfter: number, detail: string): HttpAnswer {
-  return problem(UNAVAILABLE, detail, { 'Retry-After': String(retryAfter) });
-}
-
 function json(status: number, body: string, headers: Record<string, string>): HttpAnswer {
   return { status, headers: { 'Content-Type': 'application/json', ...headers }, body };
 }
@@ -157,11 +154,14 @@ export function httpAnswer(
 }
 
 function errorAnswer(error: unknown): HttpAnswer {
+  if (!(error instanceof TombstonedError)) return problem(INTERNAL, 'Internal error.');
+  const retry: Record<string, string> =
+    error.retryAfter === undefined ? {} : { 'Retry-After': String(error.retryAfter) };
   if (error instanceof InProgressError) {
     return problem(
       IN_PROGRESS,
       'A request with this idempotency key is still in progress: retry with the same key.',
-      { 'Retry-After': String(error.retryAfter) },
+      retry,
     );
   }
   if (error instanceof InvalidIdempotencyKeyError) {
@@ -169,33 +169,41 @@ function errorAnswer(error: unknown): HttpAnswer {
   }
   if (error instanceof InvalidRequestError) {
     const kind = { status: error.status, name: error.problem, title: error.title };
-    return problem(kind, error.message, {}, error.members);
+    return problem(kind, error.message, error.headers, error.members);
   }
   if (error instanceof ReadOnlyError) {
-    return unavailable(
-      2,
+    return problem(
+      UNAVAILABLE,
       'The database accepts no writes now; nothing was done. Retry with the same key.',
+      retry,
     );
   }
   if (error instanceof DatabaseUnavailableError) {
-    return unavailable(
-      2,
+    return problem(
+      UNAVAILABLE,
       'The database is unavailable; nothing was done. Retry with the same key.',
+      retry,
     );
   }
   if (error instanceof OutOfResourcesError) {
-    return unavailable(10, 'The database is out of resources; nothing was done.');
+    return problem(UNAVAILABLE, 'The database is out of resources; nothing was done.', retry);
   }
   if (error instanceof RetriesExhaustedError || error instanceof SerializationFailureError) {
-    return unavailable(1, 'The database is busy; nothing was done. Retry with the same key.');
+    return problem(
+      UNAVAILABLE,
+      'The database is busy; nothing was done. Retry with the same key.',
+      retry,
+    );
   }
   if (error instanceof OutcomeUnknownError) {
     return problem(
       OUTCOME_UNKNOWN,
       'The connection failed after the request was sent to the database: it may have been ' +
         'done. Retry with the same key to learn its outcome.',
-      { 'Retry-After': '1' },
+      retry,
     );
   }
+  // The rest are bugs of the caller or of its set-up (22023, TS002-TS005, 42501, an unknown
+  // api_version()): nothing of them is the client's business.
   return problem(INTERNAL, 'Internal error.');
 }

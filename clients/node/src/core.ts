@@ -18,6 +18,9 @@ export const DEFAULT_SCHEMA = 'tombstoned';
 /** How long a claim waits for an in-flight owner of its key by default (the function's own). */
 export const DEFAULT_LOCK_TIMEOUT = '2 seconds';
 
+/** How long a key replays its answer, unless the runner is told otherwise. */
+export const DEFAULT_REPLAY_WINDOW = '24 hours';
+
 /** What a query answers; node-postgres's `QueryResult` is one. */
 export interface QueryResultLike {
   rows: any[];
@@ -29,10 +32,14 @@ export interface Queryable {
   query(text: string, values?: unknown[]): Promise<QueryResultLike>;
 }
 
-/** Who asks for what: from the caller's own authentication, never from the request body. */
-export interface Scope {
+/** Who asks: from the service's own authentication, never from the request body. */
+export interface Caller {
   tenant: string;
   principal: string;
+}
+
+/** Who asks for what: the scope of a key (the same key in two scopes names two records). */
+export interface Scope extends Caller {
   operation: string;
 }
 
@@ -137,7 +144,7 @@ export async function checkApiVersion(conn: Queryable, options?: SchemaOption): 
     throw new UnknownApiVersionError(
       `schema ${schema} speaks API version ${version}; this package speaks version ` +
         `${API_VERSION} only`,
-      { version },
+      { found: version },
     );
   }
   return version;
@@ -210,6 +217,15 @@ export async function enqueueEvent(
     jsonText(payload),
   ]);
   return rows[0].id;
+}
+
+/**
+ * jsonb's text of `body`: what `complete` would have stored, for the owner's answer of a route
+ * whose key is optional and absent (no record to store it on).
+ */
+export async function jsonbText(conn: Queryable, body: unknown): Promise<string> {
+  const rows = await run(conn, 'SELECT $1::jsonb::text AS body', [jsonText(body)]);
+  return rows[0].body;
 }
 
 /** What `claim` would answer for a committed record of the key, claiming nothing; null if none. */

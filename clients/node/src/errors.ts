@@ -22,6 +22,11 @@ export interface ClassifyContext {
 export class TombstonedError extends Error {
   /** The SQLSTATE the error was classified from; undefined when it had none. */
   readonly sqlstate: string | undefined;
+  /**
+   * Seconds a client should wait before retrying with the same key (the answer's `Retry-After`),
+   * where retrying helps; undefined where it does not.
+   */
+  readonly retryAfter: number | undefined = undefined;
 
   constructor(message: string, options: { sqlstate?: string | undefined; cause?: unknown } = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
@@ -32,8 +37,7 @@ export class TombstonedError extends Error {
 
 /** 55P03: the key's owner is still in flight after `lock_timeout`. Retry with the same key. */
 export class InProgressError extends TombstonedError {
-  /** Seconds a client should wait before retrying (the `Retry-After` the answer carries). */
-  readonly retryAfter: number = 1;
+  override readonly retryAfter: number = 1;
 }
 
 /** 22023: an argument the SQL API refused (the message names it); nothing was written. */
@@ -60,10 +64,13 @@ export class ClaimedTwiceError extends TombstonedError {}
 export class WrongIsolationError extends TombstonedError {}
 
 /** 40001 / 40P01: the transaction must run again (the runner does, a bounded number of times). */
-export class SerializationFailureError extends TombstonedError {}
+export class SerializationFailureError extends TombstonedError {
+  override readonly retryAfter: number = 1;
+}
 
 /** 40001 / 40P01 on every attempt the runner made. */
 export class RetriesExhaustedError extends TombstonedError {
+  override readonly retryAfter: number = 1;
   /** How many times the transaction ran. */
   readonly attempts: number;
 
@@ -74,16 +81,24 @@ export class RetriesExhaustedError extends TombstonedError {
 }
 
 /** 25006: a read-only transaction or server (a standby, mid-failover). Nothing was done. */
-export class ReadOnlyError extends TombstonedError {}
+export class ReadOnlyError extends TombstonedError {
+  override readonly retryAfter: number = 2;
+}
 
 /** The connection was lost after COMMIT was sent: the request may have been done. */
-export class OutcomeUnknownError extends TombstonedError {}
+export class OutcomeUnknownError extends TombstonedError {
+  override readonly retryAfter: number = 1;
+}
 
 /** The database could not be reached, or the connection was lost before COMMIT was sent. */
-export class DatabaseUnavailableError extends TombstonedError {}
+export class DatabaseUnavailableError extends TombstonedError {
+  override readonly retryAfter: number = 2;
+}
 
 /** SQLSTATE class 53 (disk full, out of memory, too many connections). Nothing was done. */
-export class OutOfResourcesError extends TombstonedError {}
+export class OutOfResourcesError extends TombstonedError {
+  override readonly retryAfter: number = 10;
+}
 
 /** 42501: the role lacks a privilege (a table of the schema, an operation it was not granted). */
 export class NotAllowedError extends TombstonedError {}
@@ -91,14 +106,14 @@ export class NotAllowedError extends TombstonedError {}
 /** The schema's `api_version()` is not the one this package speaks (or there is none). */
 export class UnknownApiVersionError extends TombstonedError {
   /** What the schema answered; undefined when it has no `api_version()`. */
-  readonly version: number | undefined;
+  readonly found: number | undefined;
 
   constructor(
     message: string,
-    options: { version?: number; sqlstate?: string; cause?: unknown } = {},
+    options: { found?: number; sqlstate?: string; cause?: unknown } = {},
   ) {
     super(message, options);
-    this.version = options.version;
+    this.found = options.found;
   }
 }
 
@@ -106,7 +121,7 @@ export class UnknownApiVersionError extends TombstonedError {
 export class InvalidIdempotencyKeyError extends TombstonedError {}
 
 /**
- * The request was refused before any transaction (the route's `intent` or `scope` threw it): it
+ * The request was refused before any transaction (the route's `caller` or `intent` threw it): it
  * consumes no key. Answered as an RFC 9457 problem of the given status and name.
  */
 export class InvalidRequestError extends TombstonedError {
@@ -118,6 +133,8 @@ export class InvalidRequestError extends TombstonedError {
   readonly title: string;
   /** Extension members of the problem document. */
   readonly members: Record<string, unknown>;
+  /** Headers of the answer (a 401's `WWW-Authenticate`). */
+  readonly headers: Record<string, string>;
 
   constructor(
     detail: string,
@@ -126,6 +143,7 @@ export class InvalidRequestError extends TombstonedError {
       problem?: string;
       title?: string;
       members?: Record<string, unknown>;
+      headers?: Record<string, string>;
     } = {},
   ) {
     super(detail);
@@ -133,6 +151,7 @@ export class InvalidRequestError extends TombstonedError {
     this.problem = options.problem ?? 'validation-failed';
     this.title = options.title ?? 'One or more fields are invalid';
     this.members = options.members ?? {};
+    this.headers = options.headers ?? {};
   }
 }
 

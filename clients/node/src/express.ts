@@ -9,8 +9,9 @@ import { answerRequest } from './route.js';
 import type { RouteOptions } from './route.js';
 import type { Idempotency } from './runner.js';
 
-export { idempotencyKeyOf } from './route.js';
-export type { Caller, RouteOptions } from './route.js';
+export { readIdempotencyKey } from './route.js';
+export type { RouteOptions } from './route.js';
+export type { Caller } from './core.js';
 
 /**
  * What the adapter reads of an Express request (`req.rawHeaders` shows a repeated header), and

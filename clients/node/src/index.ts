@@ -11,11 +11,19 @@ export {
   claim,
   complete,
   DEFAULT_LOCK_TIMEOUT,
+  DEFAULT_REPLAY_WINDOW,
   DEFAULT_SCHEMA,
   enqueueEvent,
   lookup,
 } from './core.js';
-export type { Interval, Queryable, QueryResultLike, SchemaOption, Scope } from './core.js';
+export type {
+  Caller,
+  Interval,
+  Queryable,
+  QueryResultLike,
+  SchemaOption,
+  Scope,
+} from './core.js';
 export {
   ClaimNotCompletedError,
   ClaimedTwiceError,
@@ -48,12 +56,11 @@ export {
   ReplayByBusinessId,
 } from './outcomes.js';
 export type { ClaimOutcome, ExecuteOutcome, LookupOutcome } from './outcomes.js';
-export { Idempotency } from './runner.js';
+export { DEFAULT_ATTEMPTS, Idempotency } from './runner.js';
 export type {
-  BusinessIdHook,
+  BusinessId,
   BusinessRecord,
   ClientLike,
-  Completion,
   ExecuteOptions,
   Handler,
   IdempotencyOptions,
@@ -61,5 +68,6 @@ export type {
   PoolLike,
   Transaction,
 } from './runner.js';
+export { readIdempotencyKey } from './route.js';
 export { httpAnswer, PROBLEM_TYPE_PREFIX } from './answer.js';
 export type { AnswerOptions, HttpAnswer } from './answer.js';

@@ -6,30 +6,31 @@
 
 import { httpAnswer } from './answer.js';
 import type { HttpAnswer } from './answer.js';
-import type { Interval, Scope } from './core.js';
+import type { Caller, Interval, Scope } from './core.js';
 import { InvalidIdempotencyKeyError, sqlstateOf, TombstonedError } from './errors.js';
-import type { BusinessIdHook, Completion, Idempotency, Transaction } from './runner.js';
-
-/** The authenticated caller: the first two parts of the scope. */
-export interface Caller {
-  tenant: string;
-  principal: string;
-}
+import type { Completed } from './outcomes.js';
+import type { BusinessId, Idempotency, Transaction } from './runner.js';
 
 /** A route under the protocol: its operation, and how its request maps onto the protocol. */
 export interface RouteOptions<Req, I> {
   /** The operation, the third part of the scope (`create-payment`). */
   operation: string;
-  /** The caller's tenant and principal, from its authentication — never from the body. */
-  scope(req: Req): Caller | Promise<Caller>;
+  /**
+   * The caller's tenant and principal, from its authentication — never from the body. Runs
+   * before any transaction: throw `InvalidRequestError` (e.g. a 401) to refuse the request.
+   */
+  caller(req: Req): Caller | Promise<Caller>;
   /**
    * The normalised intent: only what changes the business result, defaults applied, amounts as
    * integers. Runs before any transaction: throw `InvalidRequestError` to refuse the request
    * (400 by default), which then consumes no key.
    */
   intent(req: Req): I | Promise<I>;
-  /** The business write, inside the transaction, run only when the request owns the key. */
-  handler(tx: Transaction<I>, req: Req): Promise<Completion | undefined | void>;
+  /**
+   * The business write, inside the transaction, run only when the request owns the key; returns
+   * `tx.complete(...)`.
+   */
+  handler(tx: Transaction<I>, req: Req): Promise<Completed | undefined | void>;
   /** The URL of the object a key produced (`Location` of a replay and of the 410). */
   resourceUrl?: (resourceId: string) => string;
   /** The 410's members are `<name>_id` and `<name>_url`. Default `resource`. */
@@ -37,7 +38,7 @@ export interface RouteOptions<Req, I> {
   /** Without the header the handler runs without the protocol (no claim). Default false. */
   keyOptional?: boolean;
   /** The business id's unique constraint and how to read its object (the 23505 path). */
-  businessId?: BusinessIdHook<I>;
+  businessId?: BusinessId<I>;
   replayWindow?: Interval;
   lockTimeout?: Interval;
   /** Called with an error answered 500 (a bug: the answer says nothing of it). */
@@ -48,25 +49,37 @@ export interface RouteOptions<Req, I> {
 const KEY = /^[\x21-\x7e]{1,255}$/;
 
 /**
- * The `Idempotency-Key` of a request from its raw header list (so that a repeated header is
- * seen, not joined): undefined when absent; `InvalidIdempotencyKeyError` when repeated or
- * malformed.
+ * The `Idempotency-Key` from a request's values of that header: exactly one, 1-255 visible
+ * ASCII characters. Null when absent and `keyOptional`; otherwise `InvalidIdempotencyKeyError`
+ * (400, before any transaction).
  */
-export function idempotencyKeyOf(rawHeaders: readonly string[]): string | undefined {
-  const values: string[] = [];
-  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
-    if (rawHeaders[i]!.toLowerCase() === 'idempotency-key') values.push(rawHeaders[i + 1]!);
-  }
+export function readIdempotencyKey(
+  values: readonly string[],
+  options: { keyOptional?: boolean } = {},
+): string | null {
   if (values.length > 1) {
     throw new InvalidIdempotencyKeyError('Send exactly one Idempotency-Key header.');
   }
   const [key] = values;
-  if (key !== undefined && !KEY.test(key)) {
+  if (key === undefined) {
+    if (options.keyOptional === true) return null;
+    throw new InvalidIdempotencyKeyError('This request needs an Idempotency-Key header.');
+  }
+  if (!KEY.test(key)) {
     throw new InvalidIdempotencyKeyError(
       'The Idempotency-Key must be 1 to 255 visible ASCII characters.',
     );
   }
   return key;
+}
+
+/** The values of the `Idempotency-Key` header in Node's raw header list (a repeat is seen). */
+export function keyHeaderValues(rawHeaders: readonly string[]): string[] {
+  const values: string[] = [];
+  for (let i = 0; i + 1 < rawHeaders.length; i += 2) {
+    if (rawHeaders[i]!.toLowerCase() === 'idempotency-key') values.push(rawHeaders[i + 1]!);
+  }
+  return values;
 }
 
 /**
@@ -82,11 +95,10 @@ export async function answerRequest<Req, I>(
 ): Promise<HttpAnswer> {
   const options = { resourceUrl: route.resourceUrl, resourceName: route.resourceName };
   try {
-    const key = idempotencyKeyOf(rawHeaders);
-    if (key === undefined && !route.keyOptional) {
-      throw new InvalidIdempotencyKeyError('This request needs an Idempotency-Key header.');
-    }
-    const caller = await route.scope(req);
+    const key = readIdempotencyKey(keyHeaderValues(rawHeaders), {
+      keyOptional: route.keyOptional,
+    });
+    const caller = await route.caller(req);
     const scope: Scope = {
       tenant: caller.tenant,
       principal: caller.principal,
@@ -94,7 +106,7 @@ export async function answerRequest<Req, I>(
     };
     const intent = await route.intent(req);
     const handler = (tx: Transaction<I>) => route.handler(tx, req);
-    const outcome = await idempotency.execute(scope, key ?? null, intent, handler, {
+    const outcome = await idempotency.execute(scope, key, intent, handler, {
       businessId: route.businessId,
       replayWindow: route.replayWindow,
       lockTimeout: route.lockTimeout,

@@ -10,11 +10,14 @@ import {
   claim,
   complete,
   DEFAULT_LOCK_TIMEOUT,
+  DEFAULT_REPLAY_WINDOW,
   DEFAULT_SCHEMA,
   enqueueEvent,
+  jsonbText,
 } from './core.js';
 import type { Interval, Queryable, QueryResultLike, Scope } from './core.js';
 import {
+  ClaimNotCompletedError,
   classify,
   DatabaseUnavailableError,
   discardsConnection,
@@ -26,7 +29,6 @@ import {
 import { Completed, DuplicateBusinessId, ReplayByBusinessId } from './outcomes.js';
 import type { ExecuteOutcome } from './outcomes.js';
 
-/** A connection taken from a pool; node-postgres's `PoolClient` is one. */
 /** A single connection; node-postgres's `Client` (connected) is one. */
 export interface ClientLike extends Queryable {
   /** node-postgres's clients are event emitters (a lost connection is an 'error' event). */
@@ -47,6 +49,9 @@ export interface PoolLike {
   readonly totalCount: number;
 }
 
+/** How many times a transaction runs on 40001/40P01 before `RetriesExhaustedError`. */
+export const DEFAULT_ATTEMPTS = 3;
+
 /** The runner's settings. */
 export interface IdempotencyOptions {
   /** The schema `tombstoned migrate` installed the functions in. Default `tombstoned`. */
@@ -59,16 +64,6 @@ export interface IdempotencyOptions {
   attempts?: number;
 }
 
-/** What the business write answers: `complete` stores it and returns the text to send. */
-export interface Completion {
-  /** 200-499: a 4xx business rejection is an outcome too, and replayed like a success. */
-  status: number;
-  /** Any JSON value; stored as jsonb, so the text sent is jsonb's (keys sorted). */
-  body: unknown;
-  /** The business object the key produced: kept in the tombstone, and in `Location`. */
-  resourceId?: string | null;
-}
-
 /** The business write's view of the transaction it runs in. */
 export interface Transaction<I> {
   /** The connection, inside the transaction (read committed). */
@@ -77,18 +72,29 @@ export interface Transaction<I> {
   /** Null on a route whose key is optional and was not sent. */
   readonly key: string | null;
   readonly intent: I;
+  /** When the key's replay window ends (null without a key). */
+  readonly replayDeadline: Date | null;
   /** A statement on the transaction's connection. */
   query(text: string, values?: unknown[]): Promise<QueryResultLike>;
   /** An outbox event of the scope's tenant, committed with the business write or not at all. */
   enqueueEvent(aggregateId: string, eventType: string, payload: unknown): Promise<string>;
+  /**
+   * Stores the answer on the key's record (`complete`) and returns it: the runner sends exactly
+   * its text, which every replay sends too. `statusCode` 200-499 (a 4xx business rejection is
+   * an outcome too, replayed like a success); `body` any JSON value, stored as jsonb (so the
+   * text is jsonb's); `resourceId` the business object the key produced (kept in the tombstone,
+   * and in `Location`).
+   */
+  complete(statusCode: number, body: unknown, resourceId?: string | null): Promise<Completed>;
 }
 
 /**
- * The business write, run only when the transaction owns the key. It returns the answer to
- * store; returning nothing leaves the claim uncompleted, and the database refuses the COMMIT
- * (TS003, `ClaimNotCompletedError`): nothing of the transaction remains.
+ * The business write, run only when the transaction owns the key: it returns
+ * `tx.complete(...)`. A handler that returns without completing leaves the claim uncompleted,
+ * and the database refuses the COMMIT (TS003, `ClaimNotCompletedError`): nothing of the
+ * transaction remains.
  */
-export type Handler<I> = (tx: Transaction<I>) => Promise<Completion | undefined | void>;
+export type Handler<I> = (tx: Transaction<I>) => Promise<Completed | undefined | void>;
 
 /** The existing object found for a business id that was already taken. */
 export interface BusinessRecord {
@@ -97,18 +103,17 @@ export interface BusinessRecord {
   /** Its answer text: the bytes its own key replays. */
   bodyText: string;
   resourceId: string | null;
-  /** The status of the replay. Default 200 (this request created nothing). */
-  status?: number;
 }
 
 /**
  * The second line of defence: a unique violation (23505) of `constraint` in the business write
  * means the request already has an object, made under another key. The transaction rolls back
  * (the new key is not recorded), `read` looks the object up in a new transaction: the same
- * request gets it as a replay, anything else a conflict. `read` answering null (the object's
- * own transaction rolled back meanwhile) runs the whole transaction again.
+ * request gets it as a replay (200, as the endpoint answers: this request created nothing),
+ * anything else a conflict. `read` answering null (the object's own transaction rolled back
+ * meanwhile) runs the whole transaction again.
  */
-export interface BusinessIdHook<I> {
+export interface BusinessId<I> {
   /** The name of the business id's unique constraint. */
   constraint: string;
   read(client: Queryable, scope: Scope, intent: I): Promise<BusinessRecord | null>;
@@ -118,7 +123,7 @@ export interface BusinessIdHook<I> {
 export interface ExecuteOptions<I> {
   replayWindow?: Interval;
   lockTimeout?: Interval;
-  businessId?: BusinessIdHook<I>;
+  businessId?: BusinessId<I>;
 }
 
 /** The business read answered null: run the whole transaction again. */
@@ -143,9 +148,9 @@ export class Idempotency {
     if ('totalCount' in source) this.#pool = source;
     else this.#client = source;
     this.#schema = options.schema ?? DEFAULT_SCHEMA;
-    this.#replayWindow = options.replayWindow ?? '24 hours';
+    this.#replayWindow = options.replayWindow ?? DEFAULT_REPLAY_WINDOW;
     this.#lockTimeout = options.lockTimeout ?? DEFAULT_LOCK_TIMEOUT;
-    this.#attempts = options.attempts ?? 3;
+    this.#attempts = options.attempts ?? DEFAULT_ATTEMPTS;
     if (!Number.isInteger(this.#attempts) || this.#attempts < 1) {
       throw new RangeError(`attempts must be a positive integer, not ${options.attempts}`);
     }
@@ -200,26 +205,25 @@ export class Idempotency {
   ): Promise<ExecuteOutcome | typeof AGAIN> {
     try {
       return await this.#transaction(client, async () => {
-        const tx = this.#transactionFor(client, scope, key, intent);
-        if (key === null) {
-          const completion = await handler(tx);
-          if (!completion) throw new TypeError('the handler returned no completion');
-          const body = JSON.stringify(completion.body);
-          return new Completed(completion.status, body, completion.resourceId ?? null, null);
+        let deadline: Date | null = null;
+        if (key !== null) {
+          const replayWindow = options.replayWindow ?? this.#replayWindow;
+          const lockTimeout = options.lockTimeout ?? this.#lockTimeout;
+          const schema = { schema: this.#schema };
+          const outcome = await claim(client, scope, key, intent, replayWindow, lockTimeout,
+            schema);
+          if (outcome.kind !== 'owner') return outcome;
+          deadline = outcome.replayDeadline;
         }
-        const replayWindow = options.replayWindow ?? this.#replayWindow;
-        const lockTimeout = options.lockTimeout ?? this.#lockTimeout;
-        const schema = { schema: this.#schema };
-        const outcome = await claim(client, scope, key, intent, replayWindow, lockTimeout, schema);
-        if (outcome.kind !== 'owner') return outcome;
-        const completion = await handler(tx);
-        // No completion: the claim stays uncompleted, and the COMMIT below is refused (TS003).
-        if (!completion) return undefined;
-        const resourceId = completion.resourceId ?? null;
-        const text = await complete(
-          client, scope, key, completion.status, completion.body, resourceId, schema,
-        );
-        return new Completed(completion.status, text, resourceId, outcome.replayDeadline);
+        const tx = this.#transactionFor(client, scope, key, intent, deadline);
+        await handler(tx);
+        const completed = tx.completed();
+        // No record refuses the COMMIT of a handler that did not complete without a key: here.
+        if (completed === undefined && key === null) {
+          throw new ClaimNotCompletedError('the handler returned without tx.complete()');
+        }
+        // Without completion the claim stays uncompleted: the COMMIT below is refused (TS003).
+        return completed;
       });
     } catch (error) {
       const hook = options.businessId;
@@ -239,12 +243,12 @@ export class Idempotency {
     client: Queryable,
     scope: Scope,
     intent: I,
-    hook: BusinessIdHook<I>,
+    hook: BusinessId<I>,
   ): Promise<ExecuteOutcome | typeof AGAIN> {
     const found = await this.#transaction(client, () => hook.read(client, scope, intent));
     if (found === null) return AGAIN;
     if (!found.same) return new DuplicateBusinessId();
-    return new ReplayByBusinessId(found.status ?? 200, found.bodyText, found.resourceId);
+    return new ReplayByBusinessId(200, found.bodyText, found.resourceId);
   }
 
   /**
@@ -294,21 +298,34 @@ export class Idempotency {
     }
   }
 
+  /** The owner's transaction as its handler sees it, and what its `complete` stored. */
   #transactionFor<I>(
     client: Queryable,
     scope: Scope,
     key: string | null,
     intent: I,
-  ): Transaction<I> {
+    replayDeadline: Date | null,
+  ): Transaction<I> & { completed(): Completed | undefined } {
     const schema = { schema: this.#schema };
+    let completed: Completed | undefined;
     return {
       client,
       scope,
       key,
       intent,
+      replayDeadline,
       query: (text, values) => client.query(text, values),
       enqueueEvent: (aggregateId, eventType, payload) =>
         enqueueEvent(client, scope.tenant, aggregateId, eventType, payload, schema),
+      complete: async (statusCode, body, resourceId = null) => {
+        const text =
+          key === null
+            ? await jsonbText(client, body)
+            : await complete(client, scope, key, statusCode, body, resourceId, schema);
+        completed = new Completed(statusCode, text, resourceId, replayDeadline);
+        return completed;
+      },
+      completed: () => completed,
     };
   }
 

@@ -11,14 +11,15 @@ import {
   DuplicateBusinessId,
   Expired,
   httpAnswer,
+  InvalidRequestError,
   KeyReused,
   OutcomeUnknownError,
   PROBLEM_TYPE_PREFIX,
+  readIdempotencyKey,
   Replay,
   ReplayByBusinessId,
   RetriesExhaustedError,
 } from '@tombstoned/client';
-import { idempotencyKeyOf } from '@tombstoned/client/express';
 
 import { admin, servicePool } from './support/env.js';
 
@@ -66,19 +67,30 @@ async function inputsOf(entry) {
     case 'missing_or_invalid_key': {
       const repeated = (() => {
         try {
-          return idempotencyKeyOf(['Idempotency-Key', 'a', 'idempotency-key', 'b']);
+          return readIdempotencyKey(['a', 'b']);
         } catch (error) {
           return error;
         }
       })();
       const invalid = (() => {
         try {
-          return idempotencyKeyOf(['Idempotency-Key', 'clé']);
+          return readIdempotencyKey(['clé']);
         } catch (error) {
           return error;
         }
       })();
-      return [['repeated key', repeated, 400], ['non-ASCII key', invalid, 400]];
+      const missing = (() => {
+        try {
+          return readIdempotencyKey([]);
+        } catch (error) {
+          return error;
+        }
+      })();
+      return [
+        ['repeated key', repeated, 400],
+        ['non-ASCII key', invalid, 400],
+        ['missing key', missing, 400],
+      ];
     }
     case 'outcome_unknown':
       return [['outcome unknown', new OutcomeUnknownError('lost at COMMIT'), 503]];
@@ -152,6 +164,18 @@ test('without a resource URL: no Location, and the 410 names the id alone', () =
   });
 });
 
+test('the Idempotency-Key rules: one value of 1-255 visible ASCII characters', () => {
+  for (const key of ['a', '~'.repeat(255), '7d1c-pay-1', "!#$%&'*+,-./:;<=>?@[]^_`{|}"]) {
+    assert.equal(readIdempotencyKey([key]), key);
+  }
+  assert.equal(readIdempotencyKey([], { keyOptional: true }), null);
+  for (const values of [[], [''], ['a'.repeat(256)], ['has space'], ['tab\tkey'], ['\x7f'],
+    ['k-1', 'k-1']]) {
+    assert.throws(() => readIdempotencyKey(values), { name: 'InvalidIdempotencyKeyError' });
+  }
+  assert.throws(() => readIdempotencyKey([''], { keyOptional: true }));
+});
+
 test('a resource name names the 410\'s members as the endpoint does (order_id, order_url)', () => {
   const expired = httpAnswer(new Expired(RESOURCE, deadline, null), {
     resourceUrl,
@@ -159,6 +183,31 @@ test('a resource name names the 410\'s members as the endpoint does (order_id, o
   });
   const { payment_id: id, payment_url: url, resource_id: none } = JSON.parse(expired.body);
   assert.deepEqual([id, url, none], [RESOURCE, resourceUrl(RESOURCE), undefined]);
+});
+
+test('a refused request is its problem, with its members and headers', () => {
+  const refused = new InvalidRequestError('a valid bearer token is required', {
+    status: 401,
+    problem: 'unauthenticated',
+    title: 'Unauthenticated',
+    members: { field: 'authorization' },
+    headers: { 'WWW-Authenticate': 'Bearer' },
+  });
+  const answer = httpAnswer(refused);
+  assert.equal(answer.status, 401);
+  assert.deepEqual(answer.headers, {
+    'Content-Type': 'application/problem+json',
+    'WWW-Authenticate': 'Bearer',
+  });
+  assert.deepEqual(JSON.parse(answer.body), {
+    type: `${PROBLEM_TYPE_PREFIX}unauthenticated`,
+    title: 'Unauthenticated',
+    status: 401,
+    detail: 'a valid bearer token is required',
+    field: 'authorization',
+  });
+  const plain = JSON.parse(httpAnswer(new InvalidRequestError('no')).body);
+  assert.deepEqual([plain.status, plain.type], [400, `${PROBLEM_TYPE_PREFIX}validation-failed`]);
 });
 
 test('an error that is not the protocol\'s is a 500 that says nothing of it', () => {

@@ -3,6 +3,8 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
+import pg from 'pg';
+
 import {
   claim,
   ClaimedTwiceError,
@@ -10,6 +12,7 @@ import {
   complete,
   enqueueEvent,
   Expired,
+  httpAnswer,
   InProgressError,
   InvalidArgumentError,
   KeyReused,
@@ -28,9 +31,11 @@ import {
   env,
   expireKey,
   Holder,
+  NOT_GRANTED,
   OPERATION,
   prepareService,
   servicePool,
+  setUpRole,
   unique,
   waitForLockWait,
 } from './support/env.js';
@@ -173,6 +178,79 @@ test('TS005: an endpoint-internal claim function outside READ COMMITTED', async 
   const classified = classify(error);
   assert.ok(classified instanceof WrongIsolationError);
   assert.equal(classified.sqlstate, 'TS005');
+});
+
+test('42501: claim, complete and lookup outside the role\'s operations reveal nothing', async () => {
+  const elsewhere = { ...scope, operation: NOT_GRANTED };
+  const [held, fresh] = [unique('core-42501-held'), unique('core-42501-fresh')];
+  // A record of `held` in that operation, made by the admin (a superuser may use any).
+  const owner = await admin.connect();
+  try {
+    await owner.query('BEGIN ISOLATION LEVEL READ COMMITTED');
+    await claim(owner, elsewhere, held, { v: 1 }, '1 hour', '2 seconds', schema);
+    await complete(owner, elsewhere, held, 201, { secret: held }, 'res-1', schema);
+    await owner.query('COMMIT');
+  } finally {
+    owner.release();
+  }
+  const calls = {
+    claim: (client, key) => claim(client, elsewhere, key, { v: 1 }, '1 hour', 1000, schema),
+    complete: (client, key) => complete(client, elsewhere, key, 201, {}, null, schema),
+    lookup: (client, key) => lookup(client, elsewhere, key, { v: 1 }, schema),
+  };
+  for (const [name, call] of Object.entries(calls)) {
+    const refusals = [];
+    for (const key of [held, fresh]) {
+      const error = await inTransaction((client) => call(client, key)).catch((e) => e);
+      assert.ok(error instanceof NotAllowedError, `${name}: ${error}`);
+      assert.equal(error.sqlstate, '42501');
+      assert.ok(error.message.includes(NOT_GRANTED) && error.message.includes(env.serviceRole));
+      refusals.push(error.message);
+      const answer = httpAnswer(error);
+      assert.equal(answer.status, 500);
+      assert.equal(JSON.parse(answer.body).detail, 'Internal error.');
+      for (const secret of [NOT_GRANTED, env.serviceRole, '42501']) {
+        assert.ok(!answer.body.includes(secret), `${name}: the answer names ${secret}`);
+      }
+    }
+    assert.equal(refusals[0], refusals[1], `${name} tells a key that exists from one that does not`);
+  }
+  const rows = await adminRows(
+    `SELECT idempotency_key, response_body IS NOT NULL AS answered
+       FROM ${env.schema}.idempotency_records WHERE idempotency_key = ANY($1)`,
+    [[held, fresh]],
+  );
+  assert.deepEqual(rows, [{ idempotency_key: held, answered: true }], 'nothing written');
+});
+
+test('42501: enqueueEvent by a role that holds no operation', async () => {
+  const role = `${env.serviceRole}_idle`;
+  await admin.query(`DROP ROLE IF EXISTS ${role}`);
+  await admin.query(`CREATE ROLE ${role} LOGIN PASSWORD 'idle'`);
+  await setUpRole(role, null);
+  const url = new URL(env.serviceUrl);
+  url.username = role;
+  url.password = 'idle';
+  const idle = new pg.Client({ connectionString: url.toString() });
+  await idle.connect();
+  const aggregate = unique('core-42501-agg');
+  try {
+    const error = await enqueueEvent(idle, 'acme', aggregate, 'widget.created', {}, schema)
+      .catch((e) => e);
+    assert.ok(error instanceof NotAllowedError, String(error));
+    assert.equal(error.sqlstate, '42501');
+  } finally {
+    await idle.end();
+    await admin.query(`DROP OWNED BY ${role}; DROP ROLE ${role}`);
+  }
+  const events = await adminRows(
+    `SELECT count(*)::int AS n FROM ${env.schema}.outbox_events WHERE aggregate_id = $1`,
+    [aggregate],
+  );
+  assert.equal(events[0].n, 0);
+  // The suite's role, which holds an operation, may.
+  await inTransaction((client) =>
+    enqueueEvent(client, 'acme', aggregate, 'widget.created', {}, schema));
 });
 
 test('42501: the service role reads no table of the schema', async () => {

@@ -40,7 +40,7 @@ import {
   widgetsOf,
 } from './support/env.js';
 import { afterCommit, beforeStatement, startProxy } from './support/proxy.js';
-import { widgetBusinessId, writeWidget } from './support/widgets.js';
+import { insertWidget, widgetBusinessId, writeWidget } from './support/widgets.js';
 
 const APP = 'node-suite-runner';
 const pool = servicePool(APP);
@@ -105,7 +105,7 @@ test('TS003: a handler that returns without completing cannot commit', async () 
   const key = unique('run-ts003');
   const error = await idempotency
     .execute(scope, key, intentOf(key), async (tx) => {
-      await writeWidget(tx); // written, and its answer never given to complete
+      await insertWidget(tx); // written, and tx.complete never called
     })
     .catch((e) => e);
   assert.ok(error instanceof ClaimNotCompletedError, String(error));
@@ -377,8 +377,19 @@ test('a route whose key is optional: no key, no claim', async () => {
   const done = await idempotency.execute(scope, null, intentOf(requestId), writeWidget);
   assert.ok(done instanceof Completed);
   assert.equal(done.replayDeadline, null);
-  assert.equal(JSON.parse(done.bodyText).request_id, requestId);
+  const [row] = await adminRows(
+    'SELECT public.widget_body(w)::text AS body FROM public.widgets w WHERE request_id = $1',
+    [requestId],
+  );
+  assert.equal(done.bodyText, row.body, 'jsonb\'s text, as complete would give');
   assert.equal(await widgetsOf(requestId), 1);
+  // No record refuses the commit of a handler that did not complete (TS003): the runner does.
+  const forgetful = unique('req-nokey-forgetful');
+  const error = await idempotency
+    .execute(scope, null, intentOf(forgetful), insertWidget)
+    .catch((e) => e);
+  assert.ok(error instanceof ClaimNotCompletedError, String(error));
+  assert.equal(await widgetsOf(forgetful), 0);
 });
 
 test('api_version(): checked once per pool; another version or none is refused', async () => {
@@ -392,7 +403,7 @@ test('api_version(): checked once per pool; another version or none is refused',
     .execute(scope, key, intentOf(key), writeWidget)
     .catch((e) => e);
   assert.ok(error instanceof UnknownApiVersionError, String(error));
-  assert.equal(error.version, 2);
+  assert.equal(error.found, 2);
   const none = await new Idempotency(pool, { schema: 'no_such_schema' })
     .execute(scope, key, intentOf(key), writeWidget)
     .catch((e) => e);

@@ -19,16 +19,16 @@ from payments_api import (
     PATIENT,
     WINDOW,
     HandlerFailed,
-    Refused,
     caller_of,
     parse_payment,
     payment_url,
 )
 from support import (
     BUSINESS_CONSTRAINT,
+    NOT_GRANTED,
     SCHEMA,
-    find_payment_async,
     insert_payment_async,
+    read_payment_async,
     service_url,
 )
 from tombstoned.fastapi import idempotent
@@ -37,17 +37,12 @@ APPLICATION_NAME = "py-fastapi-tests"
 
 
 def authenticate(authorization: str | None = Header(default=None)) -> tombstoned.Caller:
-    try:
-        return caller_of(authorization)
-    except Refused as e:
-        raise HTTPException(e.status, str(e), headers={"WWW-Authenticate": "Bearer"}) from None
+    """A sync dependency with a parameter of its own; its refusal is a problem."""
+    return caller_of(authorization)
 
 
 async def payment_intent(request: Request) -> dict[str, Any]:
-    try:
-        return parse_payment(await request.body())
-    except Refused as e:
-        raise HTTPException(e.status, str(e)) from None
+    return parse_payment(await request.body())
 
 
 async def create(tx: tombstoned.AsyncTransaction, payment: dict[str, Any]) -> tombstoned.Completed:
@@ -88,14 +83,16 @@ def make_app() -> FastAPI:
         caller=authenticate,
         intent=payment_intent,
         resource_url=payment_url,
-        business_id=tombstoned.AsyncBusinessId(BUSINESS_CONSTRAINT, find_payment_async),
+        business_id=tombstoned.AsyncBusinessId(BUSINESS_CONSTRAINT, read_payment_async),
     )
     app.post("/payments")(idempotent(runner(PATIENT), **route)(create))
     app.post("/payments/impatient")(idempotent(runner(IMPATIENT), **route)(create))
     app.post("/payments/brief")(idempotent(runner(PATIENT, BRIEF_WINDOW), **route)(create))
     app.post("/payments/failing")(idempotent(runner(PATIENT), **route)(create_then_fail))
-    keyless = idempotent(runner(PATIENT), **route, key_required=False)
+    keyless = idempotent(runner(PATIENT), **route, key_optional=True)
     app.post("/payments/keyless")(keyless(create))
+    elsewhere = idempotent(runner(PATIENT), **{**route, "operation": NOT_GRANTED})
+    app.post("/payments/elsewhere")(elsewhere(create))
 
     @app.get("/payments/{payment_id}")
     async def show(payment_id: str) -> JSONResponse:

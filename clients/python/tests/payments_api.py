@@ -6,6 +6,7 @@ becomes the normalised intent, and the routes each app serves with the same cont
 - ``POST /payments/brief``: the same operation, a replay window of 1 second (the stress run);
 - ``POST /payments/failing``: inserts, then raises (nothing may commit);
 - ``POST /payments/keyless``: the key optional;
+- ``POST /payments/elsewhere``: an operation the service role was not granted (42501);
 - ``GET /payments/{payment_id}``: where Location leads.
 """
 
@@ -26,14 +27,6 @@ PATIENT, IMPATIENT = "10 seconds", "200 milliseconds"
 WINDOW, BRIEF_WINDOW = "1 hour", "1 second"
 
 
-class Refused(Exception):
-    """A request refused before any transaction: (status, detail)."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-
-
 class HandlerFailed(Exception):
     """What the failing route's handler raises after its business write (each app answers it
     with a 500 of its own)."""
@@ -43,24 +36,29 @@ def caller_of(authorization: str | None) -> tombstoned.Caller:
     token = authorization[7:] if authorization and authorization.startswith("Bearer ") else ""
     caller = TOKENS.get(token)
     if caller is None:
-        raise Refused(401, "unauthenticated")
+        raise tombstoned.InvalidRequest(
+            "unauthenticated",
+            status=401,
+            problem="unauthenticated",
+            title="A valid bearer token is required",
+        )
     return caller
 
 
 def parse_payment(raw: bytes) -> dict[str, Any]:
     """``{"request_id": str, "amount_minor": positive int, ...}`` -> the normalised intent
-    (other fields are not part of it)."""
+    (other fields are not part of it), or InvalidRequest (a 400 problem)."""
     try:
         doc = json.loads(raw)
     except ValueError:
-        raise Refused(400, "the body is not JSON") from None
+        raise tombstoned.InvalidRequest("the body is not JSON") from None
     if not isinstance(doc, dict):
-        raise Refused(400, "the body must be an object")
+        raise tombstoned.InvalidRequest("the body must be an object")
     request_id, amount = doc.get("request_id"), doc.get("amount_minor")
     if not isinstance(request_id, str) or not 1 <= len(request_id) <= 64:
-        raise Refused(400, "request_id: 1 to 64 characters")
+        raise tombstoned.InvalidRequest("request_id: 1 to 64 characters")
     if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
-        raise Refused(400, "amount_minor: a positive integer")
+        raise tombstoned.InvalidRequest("amount_minor: a positive integer")
     return {"v": 1, "request_id": request_id, "amount_minor": amount, "currency": "EUR"}
 
 

@@ -24,6 +24,8 @@ REPO = HERE.parents[2]
 
 #: Every operation the suite claims under.
 OPERATION = "create-payment"
+#: An operation no role of the suite holds (a call in it is refused: 42501).
+NOT_GRANTED = "refund-payment"
 TENANT = "acme"
 PRINCIPAL = "billing"
 SCOPE = tombstoned.Scope(TENANT, PRINCIPAL, OPERATION)
@@ -67,20 +69,24 @@ CREATE OR REPLACE FUNCTION public.py_payment_body(p public.py_payments) RETURNS 
 BUSINESS_CONSTRAINT = "py_payments_request_id_key"
 
 
-def set_up_role(conn: psycopg.Connection[Any], role: str, operation: str = OPERATION) -> None:
+def set_up_role(
+    conn: psycopg.Connection[Any], role: str, operation: str | None = OPERATION
+) -> None:
     """What a service role of this suite gets: the README's two GRANTs and its operation, granted
     through the daemon's own command (tests/it/clients_support.rs gave both to the main role
-    already; repeating them changes nothing). The one place of a role's set-up."""
+    already; repeating them changes nothing); None grants it no operation. The one place of a
+    role's set-up."""
     conn.execute(
         sql.SQL(
             "GRANT USAGE ON SCHEMA {s} TO {r}; GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO {r}"
         ).format(s=sql.Identifier(SCHEMA), r=sql.Identifier(role))
     )
-    subprocess.run(
-        [BIN, "--config", CONFIG, "operations", "grant", operation, role],
-        check=True,
-        capture_output=True,
-    )
+    if operation is not None:
+        subprocess.run(
+            [BIN, "--config", CONFIG, "operations", "grant", operation, role],
+            check=True,
+            capture_output=True,
+        )
 
 
 def service_url(**overrides: Any) -> str:
@@ -111,31 +117,29 @@ VALUES (%s, %s, %s, %s)
 RETURNING p.payment_id::text, public.py_payment_body(p)"""
 
 #: The payment a business id names, and whether it is this caller's same request.
-FIND_PAYMENT = """SELECT p.principal_id = %s AND p.amount_minor = %s, p.payment_id::text,
-       public.py_payment_body(p)::text
+FIND_PAYMENT = """SELECT p.principal_id = %s AND p.amount_minor = %s,
+       public.py_payment_body(p)::text, p.payment_id::text
   FROM public.py_payments AS p WHERE p.tenant_id = %s AND p.request_id = %s"""
 
 
-def found_payment(row: tuple[Any, ...] | None) -> tombstoned.ReplayByBusinessId | None:
-    if row is None or not row[0]:
-        return None
-    return tombstoned.ReplayByBusinessId(row[2], row[1])
+def found_payment(row: tuple[Any, ...] | None) -> tombstoned.BusinessRecord | None:
+    return tombstoned.BusinessRecord(*row) if row is not None else None
 
 
 def find_params(scope: tombstoned.Scope, payment: dict[str, Any]) -> tuple[object, ...]:
     return (scope.principal, payment["amount_minor"], scope.tenant, payment["request_id"])
 
 
-def find_payment(
+def read_payment(
     conn: psycopg.Connection[Any], scope: tombstoned.Scope, payment: dict[str, Any]
-) -> tombstoned.ReplayByBusinessId | None:
-    """The 23505 hook's read: the existing payment as a replay, or None (a 409)."""
+) -> tombstoned.BusinessRecord | None:
+    """The 23505 hook's read: the payment that holds the request_id, or None."""
     return found_payment(conn.execute(FIND_PAYMENT, find_params(scope, payment)).fetchone())
 
 
-async def find_payment_async(
+async def read_payment_async(
     conn: psycopg.AsyncConnection[Any], scope: tombstoned.Scope, payment: dict[str, Any]
-) -> tombstoned.ReplayByBusinessId | None:
+) -> tombstoned.BusinessRecord | None:
     cursor = await conn.execute(FIND_PAYMENT, find_params(scope, payment))
     return found_payment(await cursor.fetchone())
 

@@ -18,7 +18,9 @@ import psycopg
 from servers import Running
 from support import (
     ADMIN_URL,
+    NOT_GRANTED,
     PATIENCE,
+    SERVICE_ROLE,
     blocked_by,
     cleanup,
     expire,
@@ -72,10 +74,9 @@ def test_the_whole_lifecycle(server: Running, admin_conn: psycopg.Connection[Any
             post(http, "/payments", key, payment, {"Authorization": "Bearer nope"}).status_code
             == 401
         )
-        assert (
-            post(http, "/payments", key, {"request_id": "x", "amount_minor": "12"}).status_code
-            == 400
-        )
+        invalid = post(http, "/payments", key, {"request_id": "x", "amount_minor": "12"})
+        assert (invalid.status_code, problem(invalid)) == (400, "validation-failed")
+        assert invalid.json()["detail"] == "amount_minor: a positive integer"
         for bad in (None, "", "has space", "x" * 256):
             refused = post(http, "/payments", bad, payment)
             assert (refused.status_code, problem(refused)) == (400, "invalid-idempotency-key")
@@ -211,6 +212,23 @@ def test_an_optional_key(server: Running, admin_conn: psycopg.Connection[Any]) -
         invalid = post(http, "/payments/keyless", "has space", payment)
         assert invalid.status_code == 400
     assert payments_of(admin_conn, payment["request_id"]) == 1
+
+
+def test_an_operation_the_role_does_not_hold_is_a_500_that_names_nothing(
+    server: Running, admin_conn: psycopg.Connection[Any]
+) -> None:
+    """The route's claim is refused (42501): 500 internal-error, nothing of the refusal in the
+    answer (not the operation, not the role), nothing written, the handler never run."""
+    key = new_key()
+    payment: dict[str, Any] = {"request_id": f"{server.name}-{key}", "amount_minor": 300}
+    with httpx.Client(base_url=server.base, timeout=PATIENCE) as http:
+        refused = post(http, "/payments/elsewhere", key, payment)
+    assert (refused.status_code, problem(refused)) == (500, "internal-error")
+    assert refused.json()["detail"] == "Internal error."
+    for secret in (NOT_GRANTED, SERVICE_ROLE, "42501", key):
+        assert secret not in refused.text
+    assert records_of(admin_conn, key) == 0
+    assert payments_of(admin_conn, payment["request_id"]) == 0
 
 
 def _idle_in_transaction(conn: psycopg.Connection[Any], application_name: str) -> int:

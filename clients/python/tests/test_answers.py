@@ -17,6 +17,7 @@ from support import REPO, SERVICE_URL
 
 CASES = json.loads((REPO / "clients" / "answers.json").read_text())
 URL = "/payments/pay-1"
+PREFIX = CASES["problem_type_prefix"]
 STORED = '{"payment_id": "pay-1", "status": "created"}'
 NOW = datetime.now(timezone.utc)
 
@@ -49,9 +50,9 @@ def inputs(
     """What gives this case's answer (one per SQLSTATE the case lists)."""
     name = case["case"]
     fixed: dict[str, tombstoned.Result | tombstoned.TombstonedError] = {
-        "owner_completed": tombstoned.Completed(201, STORED, "pay-1"),
+        "owner_completed": tombstoned.Completed(201, STORED, "pay-1", NOW),
         "replay": tombstoned.Replay(201, STORED, "pay-1", NOW),
-        "replay_by_business_id": tombstoned.ReplayByBusinessId(STORED, "pay-1"),
+        "replay_by_business_id": tombstoned.ReplayByBusinessId(200, STORED, "pay-1"),
         "key_reused": tombstoned.KeyReused(),
         "expired": tombstoned.Expired("pay-1", NOW, NOW),
         "duplicate_business_id": tombstoned.DuplicateBusinessId(),
@@ -84,10 +85,8 @@ def _outcome_unknown() -> tombstoned.TombstonedError:
 @pytest.mark.parametrize("case", CASES["cases"], ids=lambda case: case["case"])
 def test_answers_are_the_shared_table(conn: psycopg.Connection[Any], case: dict[str, Any]) -> None:
     for given in inputs(conn, case):
-        reply = tombstoned.answer(given, resource_url=resource_url)
+        reply = tombstoned.http_answer(given, resource_url=resource_url)
         status = 201 if case["status"] == "stored" else case["status"]
-        if case["case"] == "replay_by_business_id":
-            status = case["status"]
         assert reply.status == status, given
         problem = "problem" in case
         expected = {
@@ -111,19 +110,54 @@ def test_answers_are_the_shared_table(conn: psycopg.Connection[Any], case: dict[
 
 
 def test_without_a_resource_url_there_is_no_location() -> None:
-    expired = tombstoned.answer(tombstoned.Expired("pay-1", NOW, None))
+    expired = tombstoned.http_answer(tombstoned.Expired("pay-1", NOW, None))
     assert "Location" not in expired.headers
     assert json.loads(expired.body)["resource_id"] == "pay-1"
-    assert "Location" not in tombstoned.answer(tombstoned.Completed(201, STORED, "pay-1")).headers
+    completed = tombstoned.Completed(201, STORED, "pay-1", NOW)
+    assert "Location" not in tombstoned.http_answer(completed).headers
 
 
-def test_a_resource_name_adds_its_members_to_the_410() -> None:
-    reply = tombstoned.answer(
+def test_a_resource_name_names_the_410s_members_as_the_endpoint_does() -> None:
+    """The endpoint's 410 says order_id and order_url; a payment's, payment_id and payment_url."""
+    reply = tombstoned.http_answer(
         tombstoned.Expired("pay-1", NOW, None), resource_url=resource_url, resource_name="payment"
     )
     document = json.loads(reply.body)
     assert (document["payment_id"], document["payment_url"]) == ("pay-1", URL)
-    assert (document["resource_id"], document["resource_url"]) == ("pay-1", URL)
+    assert "resource_id" not in document and "resource_url" not in document
+
+
+def test_an_invalid_request_is_its_problem() -> None:
+    refused = tombstoned.InvalidRequest(
+        "amount: a decimal string",
+        status=401,
+        problem="unauthenticated",
+        title="A valid bearer token is required",
+        members={"field": "amount"},
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+    reply = tombstoned.http_answer(refused)
+    assert reply.status == 401
+    assert reply.headers == {
+        "Content-Type": "application/problem+json",
+        "WWW-Authenticate": "Bearer",
+    }
+    assert json.loads(reply.body) == {
+        "type": CASES["problem_type_prefix"] + "unauthenticated",
+        "title": "A valid bearer token is required",
+        "status": 401,
+        "detail": "amount: a decimal string",
+        "field": "amount",
+    }
+    default = json.loads(tombstoned.http_answer(tombstoned.InvalidRequest("no")).body)
+    assert (default["status"], default["type"]) == (400, PREFIX + "validation-failed")
+
+
+def test_an_error_that_is_not_the_protocols_is_a_500_that_says_nothing_of_it() -> None:
+    error = tombstoned.NotAllowed('role "svc" may not use operation "x"', sqlstate="42501")
+    reply = tombstoned.http_answer(error)
+    assert (reply.status, json.loads(reply.body)["detail"]) == (500, "Internal error.")
+    assert "svc" not in reply.body and "42501" not in reply.body
 
 
 @pytest.mark.parametrize(
@@ -139,6 +173,6 @@ def test_invalid_idempotency_keys(values: list[str]) -> None:
 def test_valid_idempotency_keys() -> None:
     for key in ["a", "~" * 255, "7d1c-pay-1", "!#$%&'*+,-./:;<=>?@[]^_`{|}"]:
         assert tombstoned.read_idempotency_key([key]) == key
-    assert tombstoned.read_idempotency_key([], required=False) is None
+    assert tombstoned.read_idempotency_key([], key_optional=True) is None
     with pytest.raises(tombstoned.InvalidIdempotencyKey):
-        tombstoned.read_idempotency_key([""], required=False)
+        tombstoned.read_idempotency_key([""], key_optional=True)

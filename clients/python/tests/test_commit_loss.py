@@ -34,7 +34,7 @@ def check_the_loss(
 ) -> None:
     assert isinstance(error, tombstoned.OutcomeUnknown), repr(error)
     assert error.sqlstate is None or error.sqlstate.startswith("08")
-    answer = tombstoned.answer(error)
+    answer = tombstoned.http_answer(error)
     assert (answer.status, answer.headers["Retry-After"]) == (503, "1")
     assert '"type":"tag:tombstoned,2026:problem:outcome-unknown"' in answer.body
     # It did commit: the retry with the same key replays the answer nobody received.

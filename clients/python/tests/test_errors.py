@@ -5,6 +5,7 @@ what the runner does with it (retry, give up, roll everything back)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,13 +20,16 @@ from psycopg_pool import AsyncConnectionPool
 import tombstoned
 from support import (
     ADMIN_URL,
+    NOT_GRANTED,
     PATIENCE,
+    PRINCIPAL,
     SCHEMA,
     SCOPE,
     SERVICE_ROLE,
     SERVICE_URL,
     TENANT,
     admin,
+    count,
     insert_payment,
     intent,
     new_key,
@@ -188,21 +192,32 @@ def test_40p01_a_deadlock_runs_the_whole_transaction_again(
 ) -> None:
     """The runner's handler holds aggregate A's event counter and asks for B's, which an admin
     session holds while it asks for A's: a real deadlock, whose victim is the runner's attempt
-    (the admin session's deadlock_timeout is long). The second attempt completes."""
+    (only its deadlock_timeout, 1 s, runs out: the admin session's is long; and claim()'s
+    lock_timeout is the call's only, so the wait meets the deadlock check, not a lock timeout).
+    The second attempt starts its writes once the admin session has committed: an
+    INSERT ... ON CONFLICT that waited on attempt 1 takes no tuple lock, so attempt 2 could
+    insert A's counter first and deadlock again. Attempt 2 then completes, with no wait."""
     key = new_key()
     app = f"py-dl-{key[2:14]}"
     agg_a, agg_b = f"agg-a-{key}", f"agg-b-{key}"
-    holds_a, admin_waits = threading.Event(), threading.Event()
+    holds_a, admin_waits, admin_committed = threading.Event(), threading.Event(), threading.Event()
     attempts = 0
+    failures: list[str | None] = []
 
     def handler(tx: tombstoned.Transaction) -> tombstoned.Completed:
         nonlocal attempts
         attempts += 1
+        if attempts > 1:
+            assert admin_committed.wait(PATIENCE)
         tx.enqueue_event(agg_a, "t", {"attempt": attempts})
         if attempts == 1:
             holds_a.set()
             assert admin_waits.wait(PATIENCE)
-        tx.enqueue_event(agg_b, "t", {"attempt": attempts})
+        try:
+            tx.enqueue_event(agg_b, "t", {"attempt": attempts})
+        except tombstoned.TombstonedError as e:
+            failures.append(e.sqlstate)
+            raise
         return tx.complete(201, {"attempt": attempts})
 
     enqueue = sql.SQL("SELECT {}.enqueue_event(%s, %s, 't', '{{}}')").format(sql.Identifier(SCHEMA))
@@ -221,8 +236,15 @@ def test_40p01_a_deadlock_runs_the_whole_transaction_again(
         admin_waits.set()
         asks_a.result(PATIENCE)  # granted once the runner's first attempt rolled back
         other.commit()
+        admin_committed.set()
         result = run.result(PATIENCE)
-    assert result == tombstoned.Completed(201, '{"attempt": 2}', None)
+    assert failures == ["40P01"]
+    assert isinstance(result, tombstoned.Completed)
+    assert (result.status_code, result.body_text, result.resource_id) == (
+        201,
+        '{"attempt": 2}',
+        None,
+    )
     assert attempts == 2
 
 
@@ -238,7 +260,7 @@ def test_retries_exhausted_after_three_serialization_failures() -> None:
         with pytest.raises(tombstoned.RetriesExhausted) as exhausted:
             runner(conn).execute(SCOPE, new_key(), {}, always_fails)
     assert (attempts, exhausted.value.attempts, exhausted.value.sqlstate) == (3, 3, "40001")
-    assert tombstoned.answer(exhausted.value).headers["Retry-After"] == "1"
+    assert tombstoned.http_answer(exhausted.value).headers["Retry-After"] == "1"
 
 
 def test_25006_on_a_read_only_transaction_or_server() -> None:
@@ -269,7 +291,93 @@ def test_42501_not_allowed() -> None:
         with pytest.raises(tombstoned.NotAllowed) as refused:
             runner(conn).execute(SCOPE, new_key(), {}, reads_the_records)
     assert refused.value.sqlstate == "42501"
-    assert tombstoned.answer(refused.value).status == 500
+    assert tombstoned.http_answer(refused.value).status == 500
+
+
+def test_42501_a_call_outside_the_roles_operations_reveals_nothing(
+    admin_conn: psycopg.Connection[Any],
+) -> None:
+    """claim, complete and lookup in an operation the role was not granted: NotAllowed, for a key
+    that has a record there (the admin made it) exactly as for one that has none; nothing
+    written; the answer a 500 that names nothing."""
+    elsewhere = tombstoned.Scope(TENANT, PRINCIPAL, NOT_GRANTED)
+    held, fresh = new_key(), new_key()
+    with psycopg.connect(ADMIN_URL) as owner:
+        tombstoned.claim(owner, elsewhere, held, {"v": 1}, HOUR, schema=SCHEMA)
+        tombstoned.complete(owner, elsewhere, held, 201, {"secret": held}, "res-1", schema=SCHEMA)
+        owner.commit()
+    refusals: dict[str, list[str]] = {}
+    with psycopg.connect(SERVICE_URL) as conn:
+
+        def calls(key: str) -> dict[str, Callable[[], object]]:
+            return {
+                "claim": lambda: tombstoned.claim(
+                    conn, elsewhere, key, {"v": 1}, HOUR, schema=SCHEMA
+                ),
+                "complete": lambda: tombstoned.complete(
+                    conn, elsewhere, key, 201, {}, schema=SCHEMA
+                ),
+                "lookup": lambda: tombstoned.lookup(conn, elsewhere, key, {"v": 1}, schema=SCHEMA),
+            }
+
+        for key in (held, fresh):
+            for name, call in calls(key).items():
+                with pytest.raises(tombstoned.NotAllowed) as refused:
+                    call()
+                conn.rollback()
+                assert refused.value.sqlstate == "42501"
+                refusals.setdefault(name, []).append(str(refused.value))
+                answer = tombstoned.http_answer(refused.value)
+                assert answer.status == 500
+                assert json.loads(answer.body)["detail"] == "Internal error."
+                assert NOT_GRANTED not in answer.body and SERVICE_ROLE not in answer.body
+    for name, (on_held, on_fresh) in refusals.items():
+        assert on_held == on_fresh, f"{name} tells a key that exists from one that does not"
+        assert NOT_GRANTED in on_held and SERVICE_ROLE in on_held, on_held
+    assert records_of(admin_conn, fresh) == 0
+    assert (
+        count(
+            admin_conn,
+            sql.SQL(
+                "SELECT count(*) FROM {}.idempotency_records WHERE idempotency_key = %s"
+                " AND response_body IS NOT NULL"
+            ).format(sql.Identifier(SCHEMA)),
+            held,
+        )
+        == 1
+    )
+
+
+@pytest.fixture
+def role_without_operations() -> Iterator[str]:
+    """A role with the two GRANTs and no operation."""
+    role = f"{SERVICE_ROLE}_idle"
+    ident = sql.Identifier(role)
+    with admin() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {r} LOGIN PASSWORD 'idle'").format(r=ident))
+        set_up_role(conn, role, operation=None)
+    yield role
+    with admin() as conn:
+        conn.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=ident))
+
+
+def test_42501_enqueue_event_by_a_role_without_any_operation(
+    role_without_operations: str, admin_conn: psycopg.Connection[Any]
+) -> None:
+    aggregate = f"agg-{new_key()}"
+    with psycopg.connect(role_url(role_without_operations, "idle")) as conn:
+        with pytest.raises(tombstoned.NotAllowed) as refused:
+            tombstoned.enqueue_event(conn, TENANT, aggregate, "payment.created", {}, schema=SCHEMA)
+        conn.rollback()
+    assert refused.value.sqlstate == "42501"
+    events = sql.SQL("SELECT count(*) FROM {}.outbox_events WHERE aggregate_id = %s").format(
+        sql.Identifier(SCHEMA)
+    )
+    assert count(admin_conn, events, aggregate) == 0
+    # The same call by the suite's role, which holds an operation, is allowed.
+    with psycopg.connect(SERVICE_URL) as conn:
+        tombstoned.enqueue_event(conn, TENANT, aggregate, "payment.created", {}, schema=SCHEMA)
+        conn.rollback()
 
 
 def test_a_backend_terminated_before_commit_is_unavailable_and_commits_nothing(
@@ -300,7 +408,7 @@ def test_a_backend_terminated_before_commit_is_unavailable_and_commits_nothing(
             run.result(PATIENCE)
         other.rollback()
     assert lost.value.sqlstate in ("57P01", None)
-    assert tombstoned.answer(lost.value).status == 503
+    assert tombstoned.http_answer(lost.value).status == 503
     assert payments_of(admin_conn, payment["request_id"]) == 0
     assert records_of(admin_conn, key) == 0
 
@@ -349,4 +457,4 @@ def test_class_53_out_of_resources(small_role: str) -> None:
         with pytest.raises(tombstoned.OutOfResources) as exhausted:
             runner(conn).execute(SCOPE, new_key(), {}, sorts_too_much)
     assert exhausted.value.sqlstate == "53400"
-    assert tombstoned.answer(exhausted.value).headers["Retry-After"] == "10"
+    assert tombstoned.http_answer(exhausted.value).headers["Retry-After"] == "10"

@@ -5,7 +5,7 @@ is optional, READ COMMITTED whatever the session's default."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -19,13 +19,13 @@ from support import (
     SCOPE,
     SERVICE_URL,
     expire,
-    find_payment,
-    find_payment_async,
     insert_payment,
     insert_payment_async,
     intent,
     new_key,
     payments_of,
+    read_payment,
+    read_payment_async,
     records_of,
     service_url,
 )
@@ -71,7 +71,7 @@ def test_sync_runner_answers_every_outcome(
     pool: ConnectionPool[Any], admin_conn: psycopg.Connection[Any]
 ) -> None:
     idempotency = tombstoned.Idempotency(pool, schema=SCHEMA, replay_window=HOUR)
-    business_id = tombstoned.BusinessId(BUSINESS_CONSTRAINT, find_payment)
+    business_id = tombstoned.BusinessId(BUSINESS_CONSTRAINT, read_payment)
     key = new_key()
     payment = intent(f"run-{key}")
 
@@ -84,11 +84,12 @@ def test_sync_runner_answers_every_outcome(
         201, created.body_text, created.resource_id, _deadline(idempotency, key, payment)
     )
     assert run(SCOPE, key, intent(f"run-{key}", 1)) == tombstoned.KeyReused()
-    # A new key for the same request: the existing payment, as a replay (200 unless the route
-    # says otherwise); another principal, or another amount: a conflict. No new key recorded.
+    # A new key for the same request: the existing payment, as a replay (200, as the endpoint
+    # answers: this request created nothing); another principal, or another amount: a
+    # conflict. No new key recorded.
     again, more, stranger = new_key(), new_key(), new_key()
     assert run(SCOPE, again, payment) == tombstoned.ReplayByBusinessId(
-        created.body_text, created.resource_id
+        200, created.body_text, created.resource_id
     )
     assert run(SCOPE, more, intent(f"run-{key}", 99)) == tombstoned.DuplicateBusinessId()
     assert run(OTHER, stranger, payment) == tombstoned.DuplicateBusinessId()
@@ -109,7 +110,7 @@ def _deadline(idempotency: tombstoned.Idempotency, key: str, payment: dict[str, 
 async def test_asyncio_runner_answers_every_outcome(admin_conn: psycopg.Connection[Any]) -> None:
     async with AsyncConnectionPool(SERVICE_URL, min_size=1, max_size=2, open=False) as pool:
         idempotency = tombstoned.AsyncIdempotency(pool, schema=SCHEMA, replay_window="1 hour")
-        business_id = tombstoned.AsyncBusinessId(BUSINESS_CONSTRAINT, find_payment_async)
+        business_id = tombstoned.AsyncBusinessId(BUSINESS_CONSTRAINT, read_payment_async)
         key = new_key()
         payment = intent(f"arun-{key}")
 
@@ -124,7 +125,7 @@ async def test_asyncio_runner_answers_every_outcome(admin_conn: psycopg.Connecti
         assert isinstance(replay, tombstoned.Replay) and replay.body_text == created.body_text
         assert await run(key, intent(f"arun-{key}", 1)) == tombstoned.KeyReused()
         assert await run(new_key(), payment) == tombstoned.ReplayByBusinessId(
-            created.body_text, created.resource_id
+            200, created.body_text, created.resource_id
         )
         assert await run(new_key(), intent(f"arun-{key}", 7)) == tombstoned.DuplicateBusinessId()
         expire(admin_conn, key)
@@ -158,3 +159,64 @@ def test_the_runner_refuses_a_connection_inside_a_transaction() -> None:
             tombstoned.Idempotency(conn, schema=SCHEMA).execute(
                 SCOPE, new_key(), {}, lambda tx: None
             )
+
+
+def test_a_business_id_whose_object_is_gone_runs_the_transaction_again(
+    pool: ConnectionPool[Any], admin_conn: psycopg.Connection[Any]
+) -> None:
+    """The object was read as gone (its own transaction rolled back meanwhile): the whole
+    transaction again, which then finds it; every attempt gone: RetriesExhausted."""
+    idempotency = tombstoned.Idempotency(pool, schema=SCHEMA, replay_window=HOUR)
+    payment = intent(f"gone-{new_key()}")
+    first = idempotency.execute(SCOPE, new_key(), payment, create(payment))
+    assert isinstance(first, tombstoned.Completed)
+    reads: list[int] = []
+
+    def gone_once(
+        conn: psycopg.Connection[Any], scope: tombstoned.Scope, payment: dict[str, Any]
+    ) -> tombstoned.BusinessRecord | None:
+        reads.append(1)
+        return None if len(reads) == 1 else read_payment(conn, scope, payment)
+
+    again = idempotency.execute(
+        SCOPE,
+        new_key(),
+        payment,
+        create(payment),
+        business_id=tombstoned.BusinessId(BUSINESS_CONSTRAINT, gone_once),
+    )
+    assert again == tombstoned.ReplayByBusinessId(200, first.body_text, first.resource_id)
+    assert len(reads) == 2
+    with pytest.raises(tombstoned.RetriesExhausted) as exhausted:
+        idempotency.execute(
+            SCOPE,
+            new_key(),
+            payment,
+            create(payment),
+            business_id=tombstoned.BusinessId(BUSINESS_CONSTRAINT, lambda *_: None),
+        )
+    assert exhausted.value.attempts == 3
+    assert payments_of(admin_conn, payment["request_id"]) == 1
+
+
+def test_a_call_overrides_the_runners_window_and_lock_timeout(
+    pool: ConnectionPool[Any],
+) -> None:
+    idempotency = tombstoned.Idempotency(
+        pool, schema=SCHEMA, replay_window="1 hour", lock_timeout="1 hour"
+    )
+    payment = intent(f"window-{new_key()}")
+    key = new_key()
+    done = idempotency.execute(SCOPE, key, payment, create(payment), replay_window="2 minutes")
+    assert isinstance(done, tombstoned.Completed) and done.replay_deadline is not None
+    left = done.replay_deadline - datetime.now(timezone.utc)
+    assert timedelta(minutes=1) < left <= timedelta(minutes=2), left
+    # A key held in flight: this call waits 50 ms, not the runner's hour.
+    held = new_key()
+    with psycopg.connect(SERVICE_URL) as holder:
+        tombstoned.claim(holder, SCOPE, held, payment, HOUR, schema=SCHEMA)
+        with pytest.raises(tombstoned.InProgress):
+            idempotency.execute(
+                SCOPE, held, payment, create(payment), lock_timeout="50 milliseconds"
+            )
+        holder.rollback()

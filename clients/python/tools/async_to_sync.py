@@ -38,7 +38,7 @@ WORDS = [
     ("AsyncTransaction", "Transaction"),
     ("AsyncBusinessId", "BusinessId"),
     ("AsyncHandler", "Handler"),
-    ("AsyncFind", "Find"),
+    ("AsyncRead", "Read"),
     ("_AsyncPoolTransactions", "_PoolTransactions"),
     ("_AsyncConnectionTransactions", "_ConnectionTransactions"),
     ("AbstractAsyncContextManager", "AbstractContextManager"),

@@ -542,5 +542,5 @@ async fn by_request_id(
             "request_id already names another payment",
         ));
     }
-    Ok(Answer::new(StatusCode::CREATED, row.try_get(1)?).header(IDEMPOTENT_REPLAYED, "true"))
+    Ok(Answer::new(StatusCode::OK, row.try_get(1)?).header(IDEMPOTENT_REPLAYED, "true"))
 }

@@ -6,7 +6,7 @@ exports.summary = (client, express, fastify, resolved) => {
     resolved: resolved.replace(/.*\/dist\//, 'dist/'),
     exports: Object.keys(client).sort(),
     subpaths: [typeof express.idempotent, typeof fastify.idempotent],
-    key: express.idempotencyKeyOf(['Idempotency-Key', 'k']),
+    key: express.readIdempotencyKey(['k']),
     apiVersion: client.API_VERSION,
     answers: [
       client.httpAnswer(new client.KeyReused()).status,

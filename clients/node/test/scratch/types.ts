@@ -9,10 +9,9 @@ declare const pool: PoolLike;
 const scope: Scope = { tenant: 't', principal: 'p', operation: 'o' };
 const runner = new Idempotency(pool, { replayWindow: '24 hours' });
 export const answer: HttpAnswer = httpAnswer(new KeyReused());
-export const done: Promise<unknown> = runner.execute(scope, 'k', { v: 1 }, async () => ({
-  status: 201,
-  body: {},
-}));
+export const done: Promise<unknown> = runner.execute(scope, 'k', { v: 1 }, (tx) =>
+  tx.complete(201, {}),
+);
 export const routes = [expressRoute, fastifyRoute];
 // @ts-expect-error: the status of an answer is a number
 export const wrong: string = answer.status;

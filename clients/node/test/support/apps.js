@@ -7,7 +7,7 @@ import { InvalidRequestError } from '@tombstoned/client';
 import { idempotent as expressRoute } from '@tombstoned/client/express';
 import { idempotent as fastifyRoute } from '@tombstoned/client/fastify';
 
-import { OPERATION } from './env.js';
+import { NOT_GRANTED, OPERATION } from './env.js';
 import { widgetBusinessId, widgetIntent, writeWidget } from './widgets.js';
 
 /**
@@ -53,7 +53,7 @@ export function widgetRoutes(hooks) {
   const route = (overrides = {}) => ({
     operation: OPERATION,
     // The test's "authentication": the caller's tenant and principal from two headers.
-    scope: (req) => {
+    caller: (req) => {
       const [tenant, principal] = [req.headers['x-tenant'], req.headers['x-principal']];
       if (!tenant || !principal) {
         throw new InvalidRequestError('Who are you?', {
@@ -82,6 +82,8 @@ export function widgetRoutes(hooks) {
     // Keys replay for 3 s: the stress run sees them expire and tombstoned.
     '/widgets/short': route({ replayWindow: '3 seconds' }),
     '/widgets/optional': route({ keyOptional: true }),
+    // An operation the service role was not granted: its claim is refused (42501).
+    '/widgets/elsewhere': route({ operation: NOT_GRANTED }),
   };
 }
 

@@ -32,6 +32,9 @@ export const env = {
 /** The operation every route and core call of the suite uses. */
 export const OPERATION = 'create-widget';
 
+/** An operation no role of the suite holds: a call in it is refused (42501). */
+export const NOT_GRANTED = 'refund-widget';
+
 /** How long a barrier waits for what it expects before the test fails. */
 export const PATIENCE_MS = 20_000;
 
@@ -64,7 +67,21 @@ export async function adminRows(sql, values = []) {
 }
 
 /**
- * The service role's set-up, in one place: its table `widgets` (the business id
+ * What a service role of the suite gets, in one place: the README's two GRANTs and `operation`,
+ * granted through the daemon's own command (docs/api.md, Privileges); null grants it none.
+ * Repeating it changes nothing.
+ */
+export async function setUpRole(role, operation) {
+  await admin.query(`GRANT USAGE ON SCHEMA ${env.schema} TO ${role};
+    GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ${env.schema} TO ${role}`);
+  if (operation !== null) {
+    execFileSync(env.bin, ['--config', env.config, 'operations', 'grant', operation, role],
+      { stdio: 'pipe' });
+  }
+}
+
+/**
+ * The service role's set-up (`setUpRole`), its table `widgets` (the business id
  * `widgets_request_id_key` is the second line of defence) and `widget_body()`, the one place the
  * answer's JSON is built. Made by the admin and given to the role, as examples/README.md does.
  * Idempotent: each test file calls it.
@@ -86,9 +103,7 @@ export async function prepareService() {
                                   'name', w.name, 'created_at', w.created_at);
     ALTER TABLE public.widgets OWNER TO ${env.serviceRole};
     ALTER FUNCTION public.widget_body(public.widgets) OWNER TO ${env.serviceRole};`);
-  // The role's operation, granted through the daemon's own command (docs/api.md, Privileges).
-  execFileSync(env.bin, ['--config', env.config, 'operations', 'grant', OPERATION, env.serviceRole],
-    { stdio: 'pipe' });
+  await setUpRole(env.serviceRole, OPERATION);
   // The first claim of a scope makes the scope's row inside its own transaction: concurrent
   // first claims would wait for each other. The tests' scope is made here, once.
   const client = new pg.Client({ connectionString: env.serviceUrl });

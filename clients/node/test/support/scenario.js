@@ -15,6 +15,7 @@ import {
   env,
   expireKey,
   isTombstone,
+  NOT_GRANTED,
   prepareService,
   recordsOf,
   runCleaner,
@@ -214,6 +215,19 @@ export function adapterSuite(name, start) {
     const retried = await post(base(), '/widgets', { key, body: widget(requestId) });
     assert.equal(retried.status, 201);
     assert.equal(retried.replayed, false);
+  });
+
+  test(`${name}: an operation the role does not hold is a 500 that names nothing`, async () => {
+    const [key, requestId] = [unique('k-elsewhere'), unique('req')];
+    const refused = await post(base(), '/widgets/elsewhere', { key, body: widget(requestId) });
+    assert.equal(refused.status, 500, refused.text);
+    assert.equal(problemOf(refused), 'internal-error');
+    assert.equal(refused.json().detail, 'Internal error.');
+    for (const secret of [NOT_GRANTED, env.serviceRole, '42501', key]) {
+      assert.ok(!refused.text.includes(secret), `the answer names ${secret}`);
+    }
+    assert.equal(await recordsOf(key), 0);
+    assert.equal(await widgetsOf(requestId), 0);
   });
 
   test(`${name}: the business id under a new key replays, or conflicts`, async () => {

@@ -2,8 +2,8 @@
 // the second line of defence (the unique constraint widgets_request_id_key).
 import { InvalidRequestError } from '@tombstoned/client';
 
-/** The business write: the widget, its event, the answer to store. */
-export async function writeWidget(tx) {
+/** The business rows: the widget and its event; `{ id, body }`. */
+export async function insertWidget(tx) {
   const { rows } = await tx.query(
     `INSERT INTO public.widgets AS w (tenant_id, principal_id, request_id, name)
      VALUES ($1, $2, $3, $4)
@@ -12,7 +12,13 @@ export async function writeWidget(tx) {
   );
   const [widget] = rows;
   await tx.enqueueEvent(widget.id, 'widget.created', widget.body);
-  return { status: 201, body: widget.body, resourceId: widget.id };
+  return widget;
+}
+
+/** The business write: the widget, its event, and the answer stored by `complete`. */
+export async function writeWidget(tx) {
+  const widget = await insertWidget(tx);
+  return tx.complete(201, widget.body, widget.id);
 }
 
 /** The 23505 path: the widget that holds the request_id, and whether it is this request's. */

@@ -16,7 +16,9 @@ import {
   TombstonedError,
 } from '@tombstoned/client';
 import type {
-  Completion,
+  BusinessRecord,
+  Caller,
+  Completed,
   ExecuteOutcome,
   HttpAnswer,
   Scope,
@@ -40,10 +42,14 @@ function intentOf(body: unknown): Intent {
   return { v: 1, name };
 }
 
-async function write(tx: Transaction<Intent>): Promise<Completion> {
+async function write(tx: Transaction<Intent>): Promise<Completed> {
   const { rows } = await tx.query('SELECT 1 AS one');
-  return { status: 201, body: { name: tx.intent.name, one: rows[0].one }, resourceId: 'w-1' };
+  const deadline: Date | null = tx.replayDeadline;
+  void deadline;
+  return tx.complete(201, { name: tx.intent.name, one: rows[0].one }, 'w-1');
 }
+
+const callerOf = (tenant: unknown): Caller => ({ tenant: String(tenant), principal: 'p' });
 
 const app = express();
 app.post(
@@ -51,7 +57,7 @@ app.post(
   express.json(),
   expressRoute(idempotency, {
     operation: 'create-widget',
-    scope: (req: express.Request) => ({ tenant: String(req.headers['x-tenant']), principal: 'p' }),
+    caller: (req: express.Request) => callerOf(req.headers['x-tenant']),
     intent: (req) => intentOf(req.body),
     handler: async (tx, req) => {
       await tx.enqueueEvent('w-1', 'widget.created', { path: req.path });
@@ -64,7 +70,9 @@ app.post(
         const { rows } = await client.query('SELECT $1::text AS body', [
           intent.name + scope.tenant,
         ]);
-        return rows.length === 0 ? null : { same: true, bodyText: rows[0].body, resourceId: 'w-1' };
+        const found: BusinessRecord | null =
+          rows.length === 0 ? null : { same: true, bodyText: rows[0].body, resourceId: 'w-1' };
+        return found;
       },
     },
   }),
@@ -75,7 +83,7 @@ fastify.post(
   '/widgets',
   fastifyRoute(idempotency, {
     operation: 'create-widget',
-    scope: (request) => ({ tenant: String(request.headers['x-tenant']), principal: 'p' }),
+    caller: (request) => callerOf(request.headers['x-tenant']),
     intent: (request) => intentOf(request.body),
     handler: write,
     keyOptional: true,
@@ -103,16 +111,19 @@ async function core(scope: Scope): Promise<HttpAnswer> {
   } finally {
     client.release();
   }
-  const result: ExecuteOutcome = await onClient.execute(scope, 'k', { v: 1 }, async () => ({
-    status: 201,
-    body: {},
-  }));
+  const result: ExecuteOutcome = await onClient.execute(scope, 'k', { v: 1 }, (tx) =>
+    tx.complete(201, {}),
+  );
   try {
     return httpAnswer(result, { resourceUrl: (id) => `/x/${id}`, resourceName: 'payment' });
   } catch (error) {
     if (error instanceof InProgressError) {
       const seconds: number = error.retryAfter;
       void seconds;
+    }
+    if (error instanceof TombstonedError) {
+      const maybe: number | undefined = error.retryAfter;
+      void maybe;
     }
     if (error instanceof DatabaseUnavailableError || error instanceof TombstonedError) {
       const sqlstate: string | undefined = error.sqlstate;

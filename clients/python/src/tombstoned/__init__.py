@@ -3,7 +3,7 @@ your service's own PostgreSQL transaction, on psycopg 3 (sync and asyncio).
 
 - The core, any framework: ``claim``, ``complete``, ``enqueue_event``, ``lookup`` (sync here and
   in ``tombstoned.core``; asyncio twins in ``tombstoned.aio``), their outcomes, one error class
-  per SQLSTATE, and ``answer()``, the HTTP answer to each.
+  per SQLSTATE, and ``http_answer()``, the HTTP answer to each.
 - The runners, ``Idempotency`` / ``AsyncIdempotency``: the whole transaction around your
   business write, retries and the commit whose outcome is unknown included.
 - The adapters: ``tombstoned.fastapi`` and ``tombstoned.django`` (extras ``[fastapi]``,
@@ -25,7 +25,7 @@ from ._runner_async import (
     AsyncTransaction,
     AsyncTransactions,
 )
-from .answers import PROBLEM_TYPE_PREFIX, Answer, answer, read_idempotency_key
+from .answers import PROBLEM_TYPE_PREFIX, HttpAnswer, http_answer, read_idempotency_key
 from .core import check_api_version, claim, complete, enqueue_event, lookup
 from .errors import (
     ClaimedTwice,
@@ -34,6 +34,7 @@ from .errors import (
     InProgress,
     InvalidArgument,
     InvalidIdempotencyKey,
+    InvalidRequest,
     NotAllowed,
     NotClaimed,
     OutcomeUnknown,
@@ -47,6 +48,7 @@ from .errors import (
     classify,
 )
 from .outcomes import (
+    BusinessRecord,
     Caller,
     Completed,
     DuplicateBusinessId,
@@ -69,12 +71,12 @@ __all__ = [
     "DEFAULT_REPLAY_WINDOW",
     "DEFAULT_SCHEMA",
     "PROBLEM_TYPE_PREFIX",
-    "Answer",
     "AsyncBusinessId",
     "AsyncIdempotency",
     "AsyncTransaction",
     "AsyncTransactions",
     "BusinessId",
+    "BusinessRecord",
     "Caller",
     "ClaimNotCompleted",
     "ClaimedTwice",
@@ -82,11 +84,13 @@ __all__ = [
     "DatabaseUnavailable",
     "DuplicateBusinessId",
     "Expired",
+    "HttpAnswer",
     "Idempotency",
     "InProgress",
     "Interval",
     "InvalidArgument",
     "InvalidIdempotencyKey",
+    "InvalidRequest",
     "KeyReused",
     "NotAllowed",
     "NotClaimed",
@@ -106,12 +110,12 @@ __all__ = [
     "Transactions",
     "UnknownApiVersion",
     "WrongIsolation",
-    "answer",
     "check_api_version",
     "claim",
     "classify",
     "complete",
     "enqueue_event",
+    "http_answer",
     "lookup",
     "read_idempotency_key",
 ]

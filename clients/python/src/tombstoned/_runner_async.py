@@ -29,6 +29,7 @@ from ._calls import (
 from ._statements import JSONB_TEXT, START
 from .errors import ClaimNotCompleted, RetriesExhausted, SerializationFailure, classify
 from .outcomes import (
+    BusinessRecord,
     Completed,
     DuplicateBusinessId,
     Outcome,
@@ -101,26 +102,32 @@ class AsyncTransaction:
                 resource_id,
                 schema=self.schema,
             )
-        self.completed = Completed(status_code, text, resource_id)
+        self.completed = Completed(status_code, text, resource_id, self.replay_deadline)
         return self.completed
 
 
 #: A handler: the owner's business write. Return ``tx.complete(...)``.
 AsyncHandler = Callable[[AsyncTransaction], Awaitable[Completed | None]]
 
-#: Reads the object a business id names, in a transaction of its own: the existing object as
-#: a ReplayByBusinessId when it is the same caller's same intent, else None (a 409).
-AsyncFind = Callable[[AsyncConnection[Any], Scope, Any], Awaitable[ReplayByBusinessId | None]]
+#: Reads the object that holds a business id, in a transaction of its own: a BusinessRecord
+#: (``same`` when it is this caller's same request), or None when there is none (any more).
+AsyncRead = Callable[[AsyncConnection[Any], Scope, Any], Awaitable[BusinessRecord | None]]
 
 
 @dataclass(frozen=True)
 class AsyncBusinessId:
     """The business table's unique business id: the second line of defence, for a retry that
     comes under a new key. A unique violation (23505) on ``constraint`` rolls the attempt back
-    (the new key is not recorded) and ``find`` answers in a new transaction."""
+    (the new key is not recorded) and ``read`` looks the object up in a new transaction: the
+    same request gets it as a replay (200), anything else a 409; None (the object gone
+    meanwhile) runs the whole transaction again."""
 
     constraint: str
-    find: AsyncFind
+    read: AsyncRead
+
+
+class _Again(Exception):
+    """The business id's object was gone by the time it was read: run the transaction again."""
 
 
 class AsyncTransactions(Protocol):
@@ -154,6 +161,17 @@ class _AsyncConnectionTransactions:
         async with self.conn.transaction():
             await start_transaction(self.conn)
             yield self.conn
+
+
+@dataclass(frozen=True)
+class _Claiming:
+    """What every attempt of one request claims with."""
+
+    scope: Scope
+    key: str | None
+    intent: object
+    replay_window: Interval
+    lock_timeout: Interval
 
 
 class AsyncIdempotency:
@@ -190,29 +208,40 @@ class AsyncIdempotency:
         handler: AsyncHandler,
         *,
         business_id: AsyncBusinessId | None = None,
+        replay_window: Interval | None = None,
+        lock_timeout: Interval | None = None,
     ) -> Result:
-        """One request: the result to answer (``tombstoned.answer``), or a TombstonedError.
-        ``key`` None runs ``handler`` in a plain transaction (a route whose key is optional).
-        Errors that are none of the SQL API's (the handler's own) propagate unchanged, after
-        the rollback."""
+        """One request: the result to answer (``tombstoned.http_answer``), or a
+        TombstonedError. ``key`` None runs ``handler`` in a plain transaction (a route whose key
+        is optional). ``replay_window`` and ``lock_timeout`` override the runner's for this
+        call. Errors that are none of the SQL API's (the handler's own) propagate unchanged,
+        after the rollback."""
+        claiming = _Claiming(
+            scope,
+            key,
+            intent,
+            self.replay_window if replay_window is None else replay_window,
+            self.lock_timeout if lock_timeout is None else lock_timeout,
+        )
         failure: SerializationFailure | None = None
         for _ in range(self.attempts):
             try:
-                return await self._attempt(scope, key, intent, handler, business_id)
+                return await self._attempt(claiming, handler, business_id)
             except SerializationFailure as e:
                 failure = e
+            except _Again:
+                failure = None
         raise RetriesExhausted(
             self.attempts, sqlstate=failure.sqlstate if failure else None
         ) from failure
 
     async def _attempt(
         self,
-        scope: Scope,
-        key: str | None,
-        intent: object,
+        claiming: _Claiming,
         handler: AsyncHandler,
         business_id: AsyncBusinessId | None,
     ) -> Result:
+        scope, key, intent = claiming.scope, claiming.key, claiming.intent
         committing = False
         outcome: Outcome | None = None
         tx: AsyncTransaction | None = None
@@ -224,8 +253,8 @@ class AsyncIdempotency:
                         scope,
                         key,
                         intent,
-                        self.replay_window,
-                        self.lock_timeout,
+                        claiming.replay_window,
+                        claiming.lock_timeout,
                         schema=self.schema,
                     )
                 if outcome is None or isinstance(outcome, Owner):
@@ -256,10 +285,14 @@ class AsyncIdempotency:
     ) -> ReplayByBusinessId | DuplicateBusinessId:
         try:
             async with self.transactions.transaction() as conn:
-                found = await business_id.find(conn, scope, intent)
+                found = await business_id.read(conn, scope, intent)
         except Exception as e:
             mapped = classify(e)
             if mapped is None or mapped is e:
                 raise
             raise mapped from e
-        return found if found is not None else DuplicateBusinessId()
+        if found is None:
+            raise _Again()
+        if not found.same:
+            return DuplicateBusinessId()
+        return ReplayByBusinessId(200, found.body_text, found.resource_id)

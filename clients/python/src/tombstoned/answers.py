@@ -12,6 +12,7 @@ from .errors import (
     DatabaseUnavailable,
     InProgress,
     InvalidIdempotencyKey,
+    InvalidRequest,
     OutcomeUnknown,
     OutOfResources,
     ReadOnly,
@@ -39,7 +40,7 @@ ResourceUrl = Callable[[str], str]
 
 
 @dataclass(frozen=True)
-class Answer:
+class HttpAnswer:
     """An HTTP answer: send the status, these headers and this text (UTF-8) as they are."""
 
     status: int
@@ -52,84 +53,58 @@ class _Problem:
     status: int
     name: str
     title: str
-    detail: str
 
 
+# The details are the Node client's, word for word: the two answer alike.
 _KEY_REUSED = _Problem(
-    422,
-    "idempotency-key-reused",
-    "This idempotency key was used for a different request",
-    "use a new idempotency key for a new request",
+    422, "idempotency-key-reused", "This idempotency key was used for a different request"
 )
 _EXPIRED = _Problem(
-    410,
-    "replay-window-expired",
-    "The replay window of this idempotency key is over",
-    "the request was answered before and is never executed again: look the resource up",
+    410, "replay-window-expired", "The replay window of this idempotency key is over"
 )
-_DUPLICATE = _Problem(
-    409,
-    "duplicate-request-id",
-    "This request_id already has a different order",
-    "the business id of this request names another object",
-)
+_DUPLICATE = _Problem(409, "duplicate-request-id", "This request_id already has a different order")
 _IN_PROGRESS = _Problem(
-    409,
-    "request-in-progress",
-    "A request with this idempotency key is in progress",
-    "retry later with the same idempotency key",
+    409, "request-in-progress", "A request with this idempotency key is in progress"
 )
 _INVALID_KEY = _Problem(
-    400,
-    "invalid-idempotency-key",
-    "The Idempotency-Key header is missing or invalid",
-    "send one Idempotency-Key header of 1 to 255 visible ASCII characters",
+    400, "invalid-idempotency-key", "The Idempotency-Key header is missing or invalid"
 )
-_UNAVAILABLE = _Problem(
-    503,
-    "database-unavailable",
-    "The database is unavailable",
-    "retry later with the same idempotency key",
-)
-_OUTCOME_UNKNOWN = _Problem(
-    503,
-    "outcome-unknown",
-    "The outcome of this request is unknown",
-    "the connection was lost while committing: retry with the same idempotency key",
-)
-_INTERNAL = _Problem(500, "internal-error", "Internal error", "internal error")
+_UNAVAILABLE = _Problem(503, "database-unavailable", "The database is unavailable")
+_OUTCOME_UNKNOWN = _Problem(503, "outcome-unknown", "The outcome of this request is unknown")
+_INTERNAL = _Problem(500, "internal-error", "Internal error")
 
 
 def problem(
     kind: _Problem,
+    detail: str,
     *,
     headers: dict[str, str] | None = None,
     members: dict[str, object] | None = None,
-) -> Answer:
+) -> HttpAnswer:
     document: dict[str, object] = {
         "type": PROBLEM_TYPE_PREFIX + kind.name,
         "title": kind.title,
         "status": kind.status,
-        "detail": kind.detail,
+        "detail": detail,
         **(members or {}),
     }
-    return Answer(
+    return HttpAnswer(
         kind.status,
         {"Content-Type": PROBLEM_JSON, **(headers or {})},
         json.dumps(document, separators=(",", ":"), ensure_ascii=False),
     )
 
 
-def answer(
+def http_answer(
     result: Result | TombstonedError,
     *,
     resource_url: ResourceUrl | None = None,
-    resource_name: str | None = None,
-) -> Answer:
+    resource_name: str = "resource",
+) -> HttpAnswer:
     """The HTTP answer to a runner's result or to an error. ``resource_url`` gives Location and
-    the 410's ``resource_url``; ``resource_name`` (e.g. ``"payment"``) adds ``payment_id`` and
-    ``payment_url`` beside ``resource_id`` and ``resource_url`` in the 410, as the endpoint's
-    410 says ``order_id`` and ``order_url``."""
+    the 410's ``<resource_name>_url``; ``resource_name`` names the 410's members
+    (``resource_id``, ``resource_url`` by default; ``"order"`` gives the endpoint's own
+    ``order_id`` and ``order_url``)."""
 
     def location(resource_id: str | None) -> dict[str, str]:
         if resource_url is None or resource_id is None:
@@ -137,13 +112,13 @@ def answer(
         return {"Location": resource_url(resource_id)}
 
     if isinstance(result, Completed):
-        return Answer(
+        return HttpAnswer(
             result.status_code,
             {"Content-Type": JSON, **location(result.resource_id)},
             result.body_text,
         )
     if isinstance(result, (Replay, ReplayByBusinessId)):
-        return Answer(
+        return HttpAnswer(
             result.status_code,
             {
                 "Content-Type": JSON,
@@ -153,50 +128,91 @@ def answer(
             result.body_text,
         )
     if isinstance(result, KeyReused):
-        return problem(_KEY_REUSED)
+        return problem(
+            _KEY_REUSED,
+            "This idempotency key was first used for a request with different parameters. "
+            "A new request needs a new key.",
+        )
     if isinstance(result, Expired):
-        members: dict[str, object] = {"resource_id": result.resource_id}
-        url = location(result.resource_id).get("Location")
-        if url is not None:
-            members["resource_url"] = url
-        if resource_name:
-            members[f"{resource_name}_id"] = result.resource_id
-            if url is not None:
-                members[f"{resource_name}_url"] = url
-        return problem(_EXPIRED, headers=location(result.resource_id), members=members)
+        headers = location(result.resource_id)
+        members: dict[str, object] = {f"{resource_name}_id": result.resource_id}
+        if "Location" in headers:
+            members[f"{resource_name}_url"] = headers["Location"]
+        return problem(
+            _EXPIRED,
+            "The stored response for this idempotency key is past its replay window and is no "
+            "longer kept. The request was not executed again; look the resource up instead.",
+            headers=headers,
+            members=members,
+        )
     if isinstance(result, DuplicateBusinessId):
-        return problem(_DUPLICATE)
+        return problem(_DUPLICATE, "This business id already belongs to another request.")
     return _error_answer(result)
 
 
-def _error_answer(error: TombstonedError) -> Answer:
+def _error_answer(error: TombstonedError) -> HttpAnswer:
     retry = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else {}
     if isinstance(error, InProgress):
-        return problem(_IN_PROGRESS, headers=retry)
+        return problem(
+            _IN_PROGRESS,
+            "A request with this idempotency key is still in progress: retry with the same key.",
+            headers=retry,
+        )
     if isinstance(error, InvalidIdempotencyKey):
-        return problem(_INVALID_KEY)
+        return problem(_INVALID_KEY, str(error))
+    if isinstance(error, InvalidRequest):
+        kind = _Problem(error.status, error.problem, error.title)
+        return problem(kind, str(error), headers=error.headers, members=error.members)
+    if isinstance(error, ReadOnly):
+        return problem(
+            _UNAVAILABLE,
+            "The database accepts no writes now; nothing was done. Retry with the same key.",
+            headers=retry,
+        )
+    if isinstance(error, DatabaseUnavailable):
+        return problem(
+            _UNAVAILABLE,
+            "The database is unavailable; nothing was done. Retry with the same key.",
+            headers=retry,
+        )
+    if isinstance(error, OutOfResources):
+        return problem(
+            _UNAVAILABLE, "The database is out of resources; nothing was done.", headers=retry
+        )
+    if isinstance(error, (RetriesExhausted, SerializationFailure)):
+        return problem(
+            _UNAVAILABLE,
+            "The database is busy; nothing was done. Retry with the same key.",
+            headers=retry,
+        )
     if isinstance(error, OutcomeUnknown):
-        return problem(_OUTCOME_UNKNOWN, headers=retry)
-    if isinstance(
-        error,
-        (ReadOnly, DatabaseUnavailable, OutOfResources, RetriesExhausted, SerializationFailure),
-    ):
-        return problem(_UNAVAILABLE, headers=retry)
+        return problem(
+            _OUTCOME_UNKNOWN,
+            "The connection failed after the request was sent to the database: it may have "
+            "been done. Retry with the same key to learn its outcome.",
+            headers=retry,
+        )
     # The rest are bugs of the caller or of its set-up (22023, TS002-TS005, 42501, an unknown
     # api_version()): nothing of them is the client's business.
-    return problem(_INTERNAL)
+    return problem(_INTERNAL, "Internal error.")
 
 
 def _visible_ascii(key: str) -> bool:
     return 1 <= len(key) <= 255 and all("\x21" <= c <= "\x7e" for c in key)
 
 
-def read_idempotency_key(values: Sequence[str], *, required: bool = True) -> str | None:
+def read_idempotency_key(values: Sequence[str], *, key_optional: bool = False) -> str | None:
     """The Idempotency-Key from a request's header values: exactly one, 1–255 visible ASCII
-    characters (0x21–0x7E). None when absent and not ``required``; otherwise
+    characters (0x21–0x7E). None when absent and ``key_optional``; otherwise
     InvalidIdempotencyKey (400, before any transaction)."""
-    if not values and not required:
-        return None
-    if len(values) != 1 or not _visible_ascii(values[0]):
-        raise InvalidIdempotencyKey("the Idempotency-Key header is missing or invalid")
+    if len(values) > 1:
+        raise InvalidIdempotencyKey("Send exactly one Idempotency-Key header.")
+    if not values:
+        if key_optional:
+            return None
+        raise InvalidIdempotencyKey("This request needs an Idempotency-Key header.")
+    if not _visible_ascii(values[0]):
+        raise InvalidIdempotencyKey(
+            "The Idempotency-Key must be 1 to 255 visible ASCII characters."
+        )
     return values[0]

@@ -11,8 +11,9 @@ the claim's transaction::
         tx.enqueue_event(str(row.pk), "payment.created", row.as_json())
         return tx.complete(201, row.as_json(), str(row.pk))
 
-``caller`` and ``intent`` take the request and return the Caller / the normalised intent, or an
-HttpResponse that refuses the request before any transaction (no key is consumed). The view
+``caller`` and ``intent`` take the request and return the Caller / the normalised intent; they
+refuse the request before any transaction (no key is consumed) by raising ``InvalidRequest``
+(a problem) or returning an HttpResponse. The view
 manages its own transaction: it is exempt from ATOMIC_REQUESTS, and must not run inside
 ``transaction.atomic``."""
 
@@ -94,27 +95,30 @@ def idempotent(
     caller: Callable[[HttpRequest], Caller | HttpResponseBase],
     intent: Callable[[HttpRequest], Any],
     resource_url: ResourceUrl | None = None,
-    resource_name: str | None = None,
+    resource_name: str = "resource",
     business_id: BusinessId | None = None,
-    key_required: bool = True,
+    key_optional: bool = False,
+    replay_window: Interval | None = None,
+    lock_timeout: Interval | None = None,
 ) -> Callable[[ViewHandler[Intent]], View]:
     """Makes a handler an idempotent Django view. ``caller(request)``: the authenticated
     Caller(tenant, principal), or a response refusing the request. ``intent(request)``: the
     normalised intent (what the fingerprint covers), or a response refusing it.
-    ``business_id``: the 23505 hook."""
-    route = Route(operation, resource_url, resource_name, key_required)
+    ``business_id``: the 23505 hook. ``replay_window``, ``lock_timeout``: this route's, instead
+    of the runner's."""
+    route = Route(operation, resource_url, resource_name, key_optional, replay_window, lock_timeout)
     using = getattr(idempotency.transactions, "using", None)
 
     def decorate(handler: ViewHandler[Intent]) -> View:
         def view(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponseBase:
-            who = caller(request)
-            if isinstance(who, HttpResponseBase):
-                return who
-            normalised = intent(request)
-            if isinstance(normalised, HttpResponseBase):
-                return normalised
             result: Result | TombstonedError
             try:
+                who = caller(request)
+                if isinstance(who, HttpResponseBase):
+                    return who
+                normalised = intent(request)
+                if isinstance(normalised, HttpResponseBase):
+                    return normalised
                 # WSGI folds a repeated header into one value joined by ", ": the space makes
                 # it an invalid key, as the rule for two headers wants.
                 sent = request.headers.get("Idempotency-Key")
@@ -124,7 +128,13 @@ def idempotent(
                     return handler(tx, normalised)
 
                 result = idempotency.execute(
-                    Scope.of(who, operation), key, normalised, write, business_id=business_id
+                    Scope.of(who, operation),
+                    key,
+                    normalised,
+                    write,
+                    business_id=business_id,
+                    replay_window=replay_window,
+                    lock_timeout=lock_timeout,
                 )
             except TombstonedError as e:
                 result = e

@@ -66,7 +66,7 @@ class RetriesExhausted(TombstonedError):
 
     def __init__(self, attempts: int, *, sqlstate: str | None = None) -> None:
         super().__init__(
-            f"the transaction met a serialization failure or deadlock {attempts} times",
+            f"the transaction had to run again on each of its {attempts} attempts",
             sqlstate=sqlstate,
         )
         self.attempts = attempts
@@ -114,6 +114,30 @@ class UnknownApiVersion(TombstonedError):
 class InvalidIdempotencyKey(TombstonedError):
     """The Idempotency-Key header is missing, repeated, or not 1–255 visible ASCII
     characters. Raised before any transaction: no key is consumed."""
+
+
+class InvalidRequest(TombstonedError):
+    """A request refused before any transaction (raised by a route's ``caller`` or ``intent``):
+    it consumes no key. Answered as an RFC 9457 problem: ``status`` (a 4xx), the problem's
+    ``problem`` name and ``title``, the message as its detail, ``members`` added to it, and
+    ``headers`` (a 401's ``WWW-Authenticate``)."""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        status: int = 400,
+        problem: str = "validation-failed",
+        title: str = "One or more fields are invalid",
+        members: dict[str, object] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.problem = problem
+        self.title = title
+        self.members: dict[str, object] = dict(members or {})
+        self.headers: dict[str, str] = dict(headers or {})
 
 
 _BY_SQLSTATE: dict[str, type[TombstonedError]] = {

@@ -68,9 +68,22 @@ Outcome = Owner | Replay | KeyReused | Expired
 @dataclass(frozen=True)
 class Completed:
     """The owner's answer, stored by complete(): send ``body_text`` as it is (every replay will
-    send exactly this text)."""
+    send exactly this text). ``replay_deadline`` is None on a route whose key is optional, for a
+    request that sent none."""
 
     status_code: int
+    body_text: str
+    resource_id: str | None
+    replay_deadline: datetime | None
+
+
+@dataclass(frozen=True)
+class BusinessRecord:
+    """What a business id's ``read`` found: the object that holds the business id, its answer
+    text (the bytes its own key replays), and whether it is this caller's same request (same
+    principal, same parameters)."""
+
+    same: bool
     body_text: str
     resource_id: str | None
 
@@ -78,12 +91,13 @@ class Completed:
 @dataclass(frozen=True)
 class ReplayByBusinessId:
     """A new key for a request whose business id already has its object (SQLSTATE 23505 on the
-    business table's unique id): the existing object, answered as a replay. ``status_code`` is
-    200 unless the route answers it with the status of the first answer."""
+    business table's unique id), and it is this caller's same request: the existing object,
+    answered as a replay. ``status_code`` is 200, as the endpoint answers: this request created
+    nothing."""
 
+    status_code: int
     body_text: str
     resource_id: str | None
-    status_code: int = 200
 
 
 @dataclass(frozen=True)

@@ -12,5 +12,6 @@ urlpatterns = [
     path("payments/brief", views.create_payment_brief),
     path("payments/failing", views.create_payment_failing),
     path("payments/keyless", views.create_payment_keyless),
+    path("payments/elsewhere", views.create_payment_elsewhere),
     path("payments/<uuid:payment_id>", views.show_payment),
 ]

@@ -17,29 +17,27 @@ from payments_api import (
     PATIENT,
     WINDOW,
     HandlerFailed,
-    Refused,
     caller_of,
     parse_payment,
     payment_url,
 )
-from support import BUSINESS_CONSTRAINT, SCHEMA, find_payment
+from support import BUSINESS_CONSTRAINT, NOT_GRANTED, SCHEMA, read_payment
 from tombstoned.django import idempotent
 
 from .models import Payment
 
 
 def authenticate(request: HttpRequest) -> tombstoned.Caller | HttpResponseBase:
+    """A refusal as a response of the app's own."""
     try:
         return caller_of(request.headers.get("Authorization"))
-    except Refused as e:
+    except tombstoned.InvalidRequest as e:
         return HttpResponse(str(e), status=e.status, headers={"WWW-Authenticate": "Bearer"})
 
 
-def payment_intent(request: HttpRequest) -> dict[str, Any] | HttpResponseBase:
-    try:
-        return parse_payment(request.body)
-    except Refused as e:
-        return HttpResponse(str(e), status=e.status)
+def payment_intent(request: HttpRequest) -> dict[str, Any]:
+    """A refusal raised: the adapter answers its problem."""
+    return parse_payment(request.body)
 
 
 def create(tx: tombstoned.Transaction, payment: dict[str, Any]) -> tombstoned.Completed:
@@ -69,13 +67,16 @@ route: dict[str, Any] = dict(
     caller=authenticate,
     intent=payment_intent,
     resource_url=payment_url,
-    business_id=tombstoned.BusinessId(BUSINESS_CONSTRAINT, find_payment),
+    business_id=tombstoned.BusinessId(BUSINESS_CONSTRAINT, read_payment),
 )
 create_payment = idempotent(runner(PATIENT), **route)(create)
 create_payment_impatient = idempotent(runner(IMPATIENT), **route)(create)
 create_payment_brief = idempotent(runner(PATIENT, BRIEF_WINDOW), **route)(create)
 create_payment_failing = idempotent(runner(PATIENT), **route)(create_then_fail)
-create_payment_keyless = idempotent(runner(PATIENT), **route, key_required=False)(create)
+create_payment_keyless = idempotent(runner(PATIENT), **route, key_optional=True)(create)
+create_payment_elsewhere = idempotent(runner(PATIENT), **{**route, "operation": NOT_GRANTED})(
+    create
+)
 
 
 def show_payment(request: HttpRequest, payment_id: uuid.UUID) -> HttpResponse:
