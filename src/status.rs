@@ -30,6 +30,9 @@ pub enum StatusError {
     /// The schema is not at this binary's version (migrations pending or unknown).
     #[error("the schema is not current: {0}")]
     SchemaNotCurrent(String),
+    /// The server is not one this binary works on.
+    #[error(transparent)]
+    UnsupportedServer(crate::schema::UnsupportedServer),
     /// A read failed.
     #[error("cannot read the status ({step})")]
     Read {
@@ -217,6 +220,7 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
             .await
             .map_err(|failed| match failed {
                 CheckError::NotCurrent(not_current) => StatusError::SchemaNotCurrent(not_current.0),
+                CheckError::Unsupported(server) => StatusError::UnsupportedServer(server),
                 CheckError::Db(source) => StatusError::Read {
                     step: "the schema",
                     source,
