@@ -51,7 +51,7 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("http", &["after-expiry"]),
     ("outbox", &["more-events"]),
     ("check-config", &[]),
-    ("first-run", &["after-cleanup"]),
+    ("first-run", &[]),
     ("explain", &[]),
     ("error-line", &[]),
     ("webhook", &[]),
@@ -632,20 +632,14 @@ async fn seeded(db: &TestDb) -> Client {
     client
 }
 
-/// "First run": the dry run, the real run right after it, then `status` after an ANALYZE
-/// (`after-cleanup`: as autovacuum would run one; the estimates `status` shows are its).
+/// "First run": the dry run, the real run right after it, then `status`, whose record counts
+/// are exact on a table this small (the statistics are the ones taken before the run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_run_samples_are_what_cleanup_and_status_print() {
     let db = TestDb::new().await;
-    let client = seeded(&db).await;
+    let _client = seeded(&db).await;
     let mut shell = Shell::new(&[("TOMBSTONED_DATABASE_URL", &db.url)]);
     for block in samples("first-run") {
-        if step(&block) == Some("after-cleanup") {
-            client
-                .batch_execute("ANALYZE idempotency_records")
-                .await
-                .unwrap();
-        }
         shell.run(&block).await;
     }
     shell.finish();
