@@ -119,7 +119,7 @@ fn tokens() -> String {
 }
 
 /// `examples/setup <name>`: the venv or node_modules from the pinned files (a no-op when made).
-fn setup(example: Example) {
+pub(crate) fn setup(example: Example) {
     let status = std::process::Command::new(repo_root().join("examples/setup"))
         .arg(example.name())
         .status()
@@ -230,6 +230,20 @@ async fn post(base: &str, token: &str, key: &str, body: &Value) -> Reply {
         .header("idempotency-key", key)
         .header("content-type", "application/json")
         .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    Reply {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.unwrap().to_vec(),
+    }
+}
+
+async fn get(base: &str, token: &str, path: &str) -> Reply {
+    let response = reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
         .send()
         .await
         .unwrap();
@@ -374,7 +388,17 @@ async fn exercise(example: Example) {
     assert_eq!(replay.status, 201, "{context}: {replay:?}");
     assert!(replay.replayed(), "{context}: {replay:?}");
     assert_eq!(replay.body, created.body, "{context}: byte-identical");
+    let location = created.header("location").map(str::to_owned);
+    assert_eq!(
+        replay.header("location"),
+        location.as_deref(),
+        "{context}: the replay's Location"
+    );
     assert_eq!(count(&admin, payments_of, "r-1").await, 1, "{context}");
+    // Where Location leads: the payment, served.
+    let shown = get(base, TOKEN, &format!("/payments/{payment_id}")).await;
+    assert_eq!(shown.status, 200, "{context}: {shown:?}");
+    assert_eq!(shown.json()["payment_id"], payment_id.as_str(), "{context}");
 
     // The key reused for another intent: 422, nothing of the stored answer.
     let reused = post(base, TOKEN, "k-1", &request("r-1", "13.00")).await;
@@ -388,6 +412,12 @@ async fn exercise(example: Example) {
     assert_eq!(again.status, 201, "{context}: {again:?}");
     assert!(again.replayed(), "{context}");
     assert_eq!(again.body, created.body, "{context}");
+    // Answered like a key's replay: the same Location.
+    assert_eq!(
+        again.header("location"),
+        location.as_deref(),
+        "{context}: the business id's replay carries Location"
+    );
     for (token, key, amount) in [
         (TOKEN, "k-1-more", "99.00"),
         (OTHER_TOKEN, "k-1-audit", "12.50"),
@@ -477,6 +507,14 @@ async fn exercise(example: Example) {
         payment_id.as_str(),
         "{context}"
     );
+    // 410 names the resource where a GET finds it.
+    assert_eq!(
+        expired.header("location"),
+        location.as_deref(),
+        "{context}: {expired:?}"
+    );
+    let found = get(base, TOKEN, location.as_deref().unwrap_or("/")).await;
+    assert_eq!(found.status, 200, "{context}: {found:?}");
     let reused = post(base, TOKEN, "k-1", &request("r-1", "13.00")).await;
     assert_eq!(
         reused.status, 422,
