@@ -6,7 +6,7 @@ Environment:
   DATABASE_URL        the service role (USAGE on schema tombstoned, EXECUTE on its functions,
                       and its own table `payments`, examples/payments.sql)
   PAYMENTS_TOKENS     JSON: bearer token -> {"tenant": ..., "principal": ...}
-  PORT                default 8080; 0 picks a free port. The first line printed names it.
+  PORT                default 8081; 0 picks a free port. The first line printed names it.
   CLAIM_LOCK_TIMEOUT  how long a claim waits for an in-flight owner (default "2 seconds")
   REPLAY_WINDOW       how long a key replays its answer (default "24 hours")
 """
@@ -204,7 +204,7 @@ def main() -> None:
         ):
             sys.exit('PAYMENTS_TOKENS: {"token": {"tenant": ..., "principal": ...}, ...}')
     listener = socket.socket()
-    listener.bind(("127.0.0.1", int(os.environ.get("PORT", "8080"))))
+    listener.bind(("127.0.0.1", int(os.environ.get("PORT", "8081"))))
     listener.listen(128)  # connections wait in the backlog until uvicorn serves them
     print(f"listening on http://127.0.0.1:{listener.getsockname()[1]}", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
