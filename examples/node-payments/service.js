@@ -8,7 +8,7 @@
 //   DATABASE_URL        the service role (USAGE on schema tombstoned, EXECUTE on its functions,
 //                       and its own table `payments`, examples/payments.sql)
 //   PAYMENTS_TOKENS     JSON: bearer token -> {"tenant": ..., "principal": ...}
-//   PORT                default 8080; 0 picks a free port. The first line printed names it.
+//   PORT                default 8082; 0 picks a free port. The first line printed names it.
 //   CLAIM_LOCK_TIMEOUT  how long a claim waits for an in-flight owner (default "2 seconds")
 //   REPLAY_WINDOW       how long a key replays its answer (default "24 hours")
 
@@ -188,7 +188,7 @@ function main() {
     lockTimeout: process.env.CLAIM_LOCK_TIMEOUT || '2 seconds',
     replayWindow: process.env.REPLAY_WINDOW || '24 hours',
   };
-  const server = app(pool, settings).listen(Number(process.env.PORT || 8080), '127.0.0.1', () => {
+  const server = app(pool, settings).listen(Number(process.env.PORT || 8082), '127.0.0.1', () => {
     console.log(`listening on http://127.0.0.1:${server.address().port}`);
   });
 }
