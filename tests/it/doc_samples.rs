@@ -59,6 +59,8 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("operations", &[]),
     ("progress", &[]),
     ("keys-explain", &["held-open", "tombstoned"]),
+    ("sql-api", &[]),
+    ("examples", &[]),
 ];
 
 /// Groups whose sample is not a console block: (group, language).
@@ -87,10 +89,11 @@ struct Block {
     body: String,
 }
 
-/// The Markdown files checked: README.md and docs/*.md.
+/// The Markdown files checked: README.md, docs/*.md and examples/README.md.
 fn documents() -> Vec<PathBuf> {
     let mut files = vec![repo_root().join("README.md")];
     files.extend(docs_pages());
+    files.push(repo_root().join("examples/README.md"));
     files
 }
 
@@ -515,6 +518,57 @@ async fn the_conformance_samples_are_what_the_command_prints() {
     let service = examples::start_with_window(Example::Rust, &db, &url, "3 seconds").await;
     let mut shell = Shell::new(&[("PAYMENTS", &service.base)]);
     for block in samples("conformance") {
+        shell.run(&block).await;
+    }
+    shell.finish();
+}
+
+/// docs/api.md's psql sessions: `psql` as a service role with the documented GRANTs and its
+/// operation, `create-payment` (granted through the command's library, as the page says), on a
+/// throwaway database — `PGHOST`, `PGPORT`, `PGDATABASE` and `PGUSER` set as the page says. The
+/// psycopg sample runs the Python example's venv (`examples/setup python`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_api_sessions_are_what_postgresql_answers() {
+    let db = TestDb::new().await;
+    let role = format!("svc_{}", db.name);
+    crate::operations_support::service_role(&db.client().await, &role).await;
+    crate::operations_support::grant(&db, "create-payment", &role).await;
+    examples::setup(Example::Python);
+    let server = crate::harness::server();
+    let host = match server.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        other => panic!("the sql-api samples need a TCP server, not {other:?}"),
+    };
+    let port = server
+        .get_ports()
+        .first()
+        .copied()
+        .unwrap_or(5432)
+        .to_string();
+    let mut shell = Shell::new(&[
+        ("PGHOST", &host),
+        ("PGPORT", &port),
+        ("PGDATABASE", &db.name),
+        ("PGUSER", &role),
+    ]);
+    for block in samples("sql-api") {
+        shell.run(&block).await;
+    }
+    shell.finish();
+}
+
+/// examples/README.md's requests, against the Rust example served in this process (the others
+/// answer the same: tests/it/examples.rs), at `PAYMENTS`, in a scratch directory where
+/// `payment.headers` goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_requests_are_what_the_example_answers() {
+    let db = TestDb::new().await;
+    let url = examples::service_role(&db).await;
+    let service = examples::start_with_window(Example::Rust, &db, &url, "1 hour").await;
+    let mut shell = Shell::new(&[("PAYMENTS", &service.base)]);
+    let scratch = tempfile::tempdir().unwrap();
+    shell.dir = scratch.path().to_owned();
+    for block in samples("examples") {
         shell.run(&block).await;
     }
     shell.finish();
