@@ -217,6 +217,19 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
             "--event",
             "01a23a59-d631-7782-8794-18478aec6c70",
         ],
+        &["operations", "list"],
+        &[
+            "keys",
+            "explain",
+            "--tenant",
+            "acme",
+            "--principal",
+            "billing",
+            "--operation",
+            "create-payment",
+            "--key",
+            "k-1",
+        ],
     ];
     let pending = format!("{} migration(s) pending (V1__", migrations::known().len());
     for args in commands {
