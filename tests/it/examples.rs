@@ -209,6 +209,14 @@ struct Reply {
 }
 
 impl Reply {
+    async fn of(response: reqwest::Response) -> Reply {
+        Reply {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.bytes().await.unwrap().to_vec(),
+        }
+    }
+
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
@@ -233,11 +241,7 @@ async fn post(base: &str, token: &str, key: &str, body: &Value) -> Reply {
         .send()
         .await
         .unwrap();
-    Reply {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.bytes().await.unwrap().to_vec(),
-    }
+    Reply::of(response).await
 }
 
 async fn get(base: &str, token: &str, path: &str) -> Reply {
@@ -247,11 +251,7 @@ async fn get(base: &str, token: &str, path: &str) -> Reply {
         .send()
         .await
         .unwrap();
-    Reply {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.bytes().await.unwrap().to_vec(),
-    }
+    Reply::of(response).await
 }
 
 /// The request body of `request_id` for `amount` EUR to ACME.

@@ -233,28 +233,11 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
     ];
     let pending = format!("{} migration(s) pending (V1__", migrations::known().len());
     for args in commands {
-        let url = db.url.clone();
-        let secret_file = secret_file.clone();
-        let output = tokio::task::spawn_blocking(move || {
-            Command::new(binary())
-                .args(*args)
-                .env_clear()
-                .env("TOMBSTONED_DATABASE_URL", &url)
-                .env("TOMBSTONED_API__ENABLED", "false")
-                .env("TOMBSTONED_OUTBOX__ENDPOINT", "http://127.0.0.1:1/in")
-                .env("TOMBSTONED_OUTBOX__SECRET_FILE", &secret_file)
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(69), "{args:?}: {stderr}");
-        assert_eq!(
-            stderr.trim().lines().count(),
-            1,
-            "{args:?}: one line: {stderr}"
-        );
+        let env = [
+            ("TOMBSTONED_OUTBOX__ENDPOINT", "http://127.0.0.1:1/in"),
+            ("TOMBSTONED_OUTBOX__SECRET_FILE", secret_file.as_str()),
+        ];
+        let stderr = refusal_of(&db.url, args, &env).await;
         assert!(
             stderr.contains(&pending) && stderr.contains("run `tombstoned migrate` first"),
             "{args:?}: {stderr}"
@@ -266,7 +249,6 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
             args[0] == "serve",
             "{args:?}: {stderr}"
         );
-        assert!(output.stdout.is_empty(), "{args:?}");
     }
     // Nothing was created on the way.
     let tables: i64 = db
@@ -407,27 +389,36 @@ const REFUSERS: &[(&[&str], &str)] = &[
 /// on stdout.
 async fn assert_every_command_refuses(url: &str, refusal: &str) {
     for (args, words) in REFUSERS {
-        let url = url.to_owned();
-        let output = tokio::task::spawn_blocking(move || {
-            Command::new(binary())
-                .args(*args)
-                .env_clear()
-                .env("TOMBSTONED_DATABASE_URL", &url)
-                .env("TOMBSTONED_API__ENABLED", "false")
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(69), "{args:?}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr}");
+        let stderr = refusal_of(url, args, &[]).await;
         assert!(
             stderr.starts_with(&format!("tombstoned: error: {words}{refusal}")),
             "{args:?}: {stderr}"
         );
-        assert!(output.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// `tombstoned ARGS` on `url` (the API off, `env` besides), which must refuse: exit 69, one
+/// line on stderr (returned), nothing on stdout.
+async fn refusal_of(url: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut command = Command::new(binary());
+    command
+        .args(args)
+        .env_clear()
+        .env("TOMBSTONED_DATABASE_URL", url)
+        .env("TOMBSTONED_API__ENABLED", "false")
+        .envs(env.iter().copied());
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(69), "{args:?}: {stderr}");
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "{args:?}: one line: {stderr}"
+    );
+    assert!(output.stdout.is_empty(), "{args:?}");
+    stderr
 }
 
 /// Readiness on `config`'s database: not ready, with `refusal`.
