@@ -693,3 +693,61 @@ fn readme_quotes_the_python_example() {
          examples/python-payments/service.py between its README markers verbatim"
     );
 }
+
+/// examples/README.md's "Running one by hand": each example started with its command line there,
+/// without `PORT`, listens on the port the line names (8081 Python, 8082 Node — beside the
+/// daemon's 8080), as its first line says. The Rust one's line is `cargo run`, which cannot run
+/// inside `cargo test` (the build directory's lock is held): its `main.rs` default is compared.
+#[tokio::test]
+async fn each_example_starts_on_the_port_examples_readme_names() {
+    let readme = std::fs::read_to_string(repo_root().join("examples/README.md")).unwrap();
+    let line = regex::Regex::new(r"(?m)^(?<command>\S.*?)\s+# on (?<port>\d+)$").unwrap();
+    let lines: Vec<(String, String)> = line
+        .captures_iter(&readme)
+        .map(|c| (c["command"].to_owned(), c["port"].to_owned()))
+        .collect();
+    let port_of = |script: &str| {
+        lines
+            .iter()
+            .find(|(command, _)| command.contains(script))
+            .unwrap_or_else(|| panic!("examples/README.md starts no {script} `# on PORT`"))
+            .clone()
+    };
+    for (example, script) in [
+        (Example::Python, "examples/python-payments/service.py"),
+        (Example::Node, "examples/node-payments/service.js"),
+    ] {
+        setup(example);
+        let (command, port) = port_of(script);
+        let mut child = tokio::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("exec {command}"))
+            .current_dir(repo_root())
+            .env_remove("PORT")
+            // Never reached: the examples connect on the first request.
+            .env("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+            .env("PAYMENTS_TOKENS", tokens())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("{command}: no first line"))
+            .unwrap();
+        assert_eq!(
+            first.as_deref(),
+            Some(format!("listening on http://127.0.0.1:{port}").as_str()),
+            "{command}: examples/README.md says {port} (None: it exited, the port taken on this machine?)"
+        );
+    }
+    let (_, port) = port_of("cargo run -p rust-payments");
+    let main =
+        std::fs::read_to_string(repo_root().join("examples/rust-payments/src/main.rs")).unwrap();
+    assert!(
+        main.contains(&format!("env_or(\"PORT\", \"{port}\")")),
+        "examples/rust-payments/src/main.rs's default PORT is not {port}"
+    );
+}
