@@ -132,15 +132,18 @@ fn open_api_pool(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Opti
     })
 }
 
-/// Database reachable and schema current, or no start at all (exit 69; systemd retries): the
-/// migrations this binary's, the SQL API's version one it knows, and, through a transaction
+/// Database reachable and schema current, or no start at all (exit 69; systemd retries): a
+/// PostgreSQL 15 or newer, the migrations this binary's, the SQL API's version one it knows, and, through a transaction
 /// pooler, the claim's functions (V6) executable by the API's role.
 async fn check_schema(config: &Config) -> anyhow::Result<()> {
     let session = db::connect(&config.database, "serve").await?;
     let api_through_functions =
         config.api.enabled && !config.database.pooler.keeps_prepared_statements();
-    schema::check(&session.conn(), Needs::serve(api_through_functions), None).await?;
-    Ok(())
+    match schema::check(&session.conn(), Needs::serve(api_through_functions), None).await {
+        Ok(_) => Ok(()),
+        Err(e @ schema::CheckError::Db(_)) => Err(e.into()),
+        Err(refused) => Err(anyhow::Error::new(refused).context("refusing to start")),
+    }
 }
 
 /// A throttle the role cannot observe is refused now, once (exit 64), not at every run.

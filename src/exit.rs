@@ -18,7 +18,8 @@ pub enum Exit {
     NoRecord = 3,
     /// 64: bad usage or configuration.
     Usage = 64,
-    /// 69: the database (or the PostgreSQL installation the demo needs) is unavailable.
+    /// 69: the database (or the PostgreSQL installation the demo needs) is unavailable, or not one
+    /// this binary works on.
     Unavailable = 69,
     /// 70: anything else.
     Software = 70,
@@ -82,9 +83,11 @@ impl Exit {
                  Restarting cannot fix it: the systemd unit does not retry it."
             }
             Exit::Unavailable => {
-                "The database is unavailable, or its schema is not current (EX_UNAVAILABLE): \
-                 `serve` refuses to start, and `status`, `cleanup`, `keys explain` and every \
-                 `outbox` command refuse to run; run `tombstoned migrate`, or wait for the database. Also the demo \
+                "The database is unavailable, its schema is not current, or its server is not \
+                 PostgreSQL 15 or newer (an older PostgreSQL, CockroachDB, YugabyteDB) \
+                 (EX_UNAVAILABLE): `serve` refuses to start, `migrate` to migrate, and `status`, \
+                 `cleanup`, `keys explain`, `operations` and every `outbox` command refuse to run; \
+                 run `tombstoned migrate`, or wait for the database. Also the demo \
                  without PostgreSQL server binaries, and `conformance` when its URL cannot be \
                  reached at all (no connection)."
             }

@@ -1,11 +1,12 @@
 //! What `tombstoned status` reads from the configured database, in one READ ONLY snapshot: the
-//! cleanup lease, the run history, the backlog, record counts (estimates), replication lag per
+//! cleanup lease, the run history, the backlog, record counts (exact on a small table, else
+//! estimated from the statistics, with their age), replication lag per
 //! standby, the outbox backlog and the roles still holding a transitional grant of the SQL API's
 //! operations — and the health verdict a monitoring check needs ([`StatusReport::stale`]).
 //! Nothing here prints; `src/cli/status.rs` renders it. What a feature owns, the feature reads
 //! (the lease, the history, the rows due, the outbox counts, the schema's check, the grants);
-//! `status` composes them, and reads itself only what no feature does (the catalogue's
-//! estimates, the standbys).
+//! `status` composes them, and reads itself only what no feature does (the record counts, the
+//! standbys).
 
 use std::time::Duration;
 
@@ -30,6 +31,9 @@ pub enum StatusError {
     /// The schema is not at this binary's version (migrations pending or unknown).
     #[error("the schema is not current: {0}")]
     SchemaNotCurrent(String),
+    /// The server is not one this binary works on.
+    #[error(transparent)]
+    UnsupportedServer(crate::schema::UnsupportedServer),
     /// A read failed.
     #[error("cannot read the status ({step})")]
     Read {
@@ -59,16 +63,51 @@ pub struct Backlog {
     pub oldest_due_age_seconds: Option<f64>,
 }
 
-/// Live records and tombstones, estimated from the table's and its due index's statistics (`reltuples`,
-/// as of the last VACUUM or ANALYZE): counting them would read whole indexes.
+/// Below this many pages (8 KiB each: 32 MiB, some 45 000 live records or 140 000 tombstones at
+/// BENCHMARKS.md's scenario 5 sizes) `status` counts the records; above, it estimates them.
+///
+/// Why a size, and that one: counting is `Aggregate -> Seq Scan` over the whole heap
+/// ([`sql::COUNT_RECORDS`]; there is no index on `expired` to count tombstones through, and the
+/// due index alone would still read an entry per live record), so its cost is the table's pages —
+/// on 50 M records (BENCHMARKS.md's scenario 7) tens of GiB read by a command an operator or a
+/// monitoring check runs at will. The estimate costs a few catalogue rows whatever the table
+/// holds, but on a small table it is wrong in the way that matters most: statistics taken on
+/// the empty table (migration V5 ends with an ANALYZE) say 0 while rows exist, until autovacuum
+/// analyses it again — after 50 + 10 % of its rows have changed. The size that decides is
+/// `pg_relation_size`, the heap file's length now (no row read; not the statistics, which may
+/// be as old as the error they would hide). Measured here: a heap of 1385 pages (11 MB, 18 000
+/// records) counted in 1.6 ms from shared buffers (`EXPLAIN (ANALYZE, BUFFERS)`, PostgreSQL 15).
+pub const COUNT_BELOW_PAGES: i64 = 4096;
+
+/// How [`RecordCounts`] were made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountMethod {
+    /// Counted in the snapshot: exact (the table is below [`COUNT_BELOW_PAGES`]).
+    Counted,
+    /// Estimated from the statistics (`reltuples` of the table and of its due index) as of
+    /// `statistics_at`.
+    Statistics,
+}
+
+/// Live records and tombstones: counted when the table is small ([`COUNT_BELOW_PAGES`]), else
+/// estimated from the table's and its due index's statistics (`reltuples`, as of the last VACUUM
+/// or ANALYZE), since counting them would read the whole table.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RecordEstimates {
-    /// Entries of `idempotency_records_due_idx` (`WHERE NOT expired`); `None`: the table was
-    /// never analysed (nor vacuumed).
+pub struct RecordCounts {
+    /// Live records: counted, or the entries of `idempotency_records_due_idx` (`WHERE NOT
+    /// expired`); `None`: estimated, and the table was never analysed (nor vacuumed).
     pub live_estimate: Option<i64>,
-    /// The table's rows less the live ones (`idempotency_records_purge_idx` is a BRIN index
-    /// since V5 and counts no rows); `None`: never analysed.
+    /// Tombstones: counted, or the table's rows less the live ones (`idempotency_records_purge_idx`
+    /// is a BRIN index since V5 and counts no rows); `None`: estimated, never analysed.
     pub tombstones_estimate: Option<i64>,
+    /// Counted or estimated.
+    pub method: CountMethod,
+    /// When the statistics an estimate comes from were taken (the last VACUUM or ANALYZE, by
+    /// hand or by autovacuum); `None` when counted, or never taken.
+    pub statistics_at: Option<DateTime<Utc>>,
+    /// The table's heap, in pages of 8 KiB (`pg_relation_size`), when read.
+    pub table_pages: i64,
 }
 
 /// One standby as `pg_stat_replication` shows it.
@@ -127,8 +166,8 @@ pub struct StatusReport {
     pub recent_runs: Vec<RecordedRun>,
     /// Rows due now.
     pub backlog: Backlog,
-    /// Record counts, estimated.
-    pub records: RecordEstimates,
+    /// Record counts: exact on a small table, else estimated.
+    pub records: RecordCounts,
     /// Standbys and their lag.
     pub replication: Replication,
     /// The outbox backlog. Always there: `status` reads only a current schema, which has the
@@ -162,31 +201,32 @@ impl StatusReport {
 /// The statements `status` reads with (schema-qualified ones through [`Conn`], which renders
 /// `{schema}`).
 mod sql {
-    /// The due index's `reltuples` (live records), and for the purge index (BRIN since V5, whose
-    /// `reltuples` counts block ranges) the table's `reltuples` less the live ones (tombstones);
-    /// and whether the table was ever analysed or vacuumed:
-    /// an index built on the empty table says 0, not -1, until then. Never analysed: the
-    /// table's `reltuples` is -1 (PostgreSQL 14 on), or it has no pages recorded and no
-    /// VACUUM or ANALYZE in its statistics.
-    pub(super) const INDEX_ESTIMATES: &str = "\
-SELECT i.relname::text,
-       CASE WHEN i.relname = 'idempotency_records_due_idx' THEN i.reltuples
-            ELSE greatest(t.reltuples
-                          - (SELECT d.reltuples FROM pg_class d
-                             WHERE d.relnamespace = n.oid
-                               AND d.relname = 'idempotency_records_due_idx'), 0)
-       END::bigint,
+    /// The records table's heap in pages now (the file's length: no row read), and its
+    /// statistics: the due index's `reltuples` (live records) and the table's less those
+    /// (tombstones; the purge index is BRIN since V5, whose `reltuples` counts block ranges);
+    /// whether it was ever analysed or vacuumed (an index built on the empty table says 0, not -1,
+    /// until then: never analysed is the table's `reltuples` at -1, PostgreSQL 14 on, or no pages
+    /// recorded and no VACUUM or ANALYZE in its statistics); and when they were last taken.
+    pub(super) const RECORD_STATISTICS: &str = "\
+SELECT pg_relation_size(t.oid) / current_setting('block_size')::bigint,
+       d.reltuples::bigint,
+       greatest(t.reltuples - d.reltuples, 0)::bigint,
        t.reltuples >= 0
        AND NOT (t.relpages = 0
                 AND coalesce(s.last_vacuum, s.last_autovacuum,
-                             s.last_analyze, s.last_autoanalyze) IS NULL)
-FROM pg_class i
-JOIN pg_namespace n ON n.oid = i.relnamespace
-JOIN pg_index x ON x.indexrelid = i.oid
-JOIN pg_class t ON t.oid = x.indrelid
+                             s.last_analyze, s.last_autoanalyze) IS NULL),
+       greatest(s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze)
+FROM pg_class t
+JOIN pg_namespace n ON n.oid = t.relnamespace
+JOIN pg_class d ON d.relnamespace = n.oid AND d.relname = 'idempotency_records_due_idx'
 LEFT JOIN pg_stat_all_tables s ON s.relid = t.oid
-WHERE n.nspname = $1
-  AND i.relname IN ('idempotency_records_due_idx', 'idempotency_records_purge_idx')";
+WHERE n.nspname = $1 AND t.relname = 'idempotency_records'";
+
+    /// Live records and tombstones, counted: one sequential scan of the heap (see
+    /// `COUNT_BELOW_PAGES` for when it runs).
+    pub(super) const COUNT_RECORDS: &str = "\
+SELECT count(*) FILTER (WHERE NOT expired), count(*) FILTER (WHERE expired)
+FROM {schema}.idempotency_records";
 
     pub(super) const REPLICATION_VISIBLE: &str = "\
 SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')
@@ -199,14 +239,65 @@ FROM pg_stat_replication
 ORDER BY application_name, client_addr";
 }
 
+impl RecordCounts {
+    /// The table's size and statistics; then, below `count_below_pages`, the counts themselves.
+    async fn read(
+        client: &Conn<'_>,
+        schema: &str,
+        count_below_pages: i64,
+    ) -> Result<Self, StatusError> {
+        let get = || read_error("the record statistics");
+        let row = client
+            .query_one(sql::RECORD_STATISTICS, &[&schema])
+            .await
+            .map_err(get())?;
+        let table_pages: i64 = row.try_get(0).map_err(get())?;
+        if table_pages < count_below_pages {
+            let get = || read_error("the record counts");
+            let counted = client
+                .query_one(sql::COUNT_RECORDS, &[])
+                .await
+                .map_err(get())?;
+            return Ok(RecordCounts {
+                live_estimate: Some(counted.try_get(0).map_err(get())?),
+                tombstones_estimate: Some(counted.try_get(1).map_err(get())?),
+                method: CountMethod::Counted,
+                statistics_at: None,
+                table_pages,
+            });
+        }
+        let live: i64 = row.try_get(1).map_err(get())?;
+        let tombstones: i64 = row.try_get(2).map_err(get())?;
+        let analysed: Option<bool> = row.try_get(3).map_err(get())?;
+        // -1, or a table never vacuumed or analysed: unknown.
+        let known = |n: i64| (n >= 0 && analysed == Some(true)).then_some(n);
+        Ok(RecordCounts {
+            live_estimate: known(live),
+            tombstones_estimate: known(tombstones),
+            method: CountMethod::Statistics,
+            statistics_at: row.try_get(4).map_err(get())?,
+            table_pages,
+        })
+    }
+}
+
 fn age_seconds(now: DateTime<Utc>, then: DateTime<Utc>) -> f64 {
     (now - then).num_milliseconds() as f64 / 1000.0
 }
 
 /// Reads the status of `db`'s schema in one READ ONLY, REPEATABLE READ transaction (one
 /// snapshot: the figures agree with each other). Changes nothing, takes no lock beyond the
-/// snapshot's.
+/// snapshot's. Counts the records below [`COUNT_BELOW_PAGES`].
 pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
+    read_counting_below(db, COUNT_BELOW_PAGES).await
+}
+
+/// [`read`], counting the records when their table has fewer than `count_below_pages` pages (the
+/// tests lower it to see both ways on a few rows).
+pub async fn read_counting_below(
+    db: &DatabaseConfig,
+    count_below_pages: i64,
+) -> Result<StatusReport, StatusError> {
     let session = db::connect(db, "status")
         .await
         .map_err(StatusError::Connect)?;
@@ -217,6 +308,7 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
             .await
             .map_err(|failed| match failed {
                 CheckError::NotCurrent(not_current) => StatusError::SchemaNotCurrent(not_current.0),
+                CheckError::Unsupported(server) => StatusError::UnsupportedServer(server),
                 CheckError::Db(source) => StatusError::Read {
                     step: "the schema",
                     source,
@@ -228,7 +320,7 @@ pub async fn read(db: &DatabaseConfig) -> Result<StatusReport, StatusError> {
         .batch_execute(READ_ONLY_SNAPSHOT)
         .await
         .map_err(read_error("starting a read-only transaction"))?;
-    let report = read_in(&conn, &db.schema, current.api_version).await?;
+    let report = read_in(&conn, &db.schema, current.api_version, count_below_pages).await?;
     session
         .client
         .batch_execute(END_SNAPSHOT)
@@ -241,6 +333,7 @@ async fn read_in(
     client: &Conn<'_>,
     schema: &str,
     api_version: Option<i32>,
+    count_below_pages: i64,
 ) -> Result<StatusReport, StatusError> {
     let due = Due::read(client).await.map_err(read_error("the backlog"))?;
     let read_at = due.at;
@@ -263,25 +356,7 @@ async fn read_in(
         .as_ref()
         .map(|r| age_seconds(read_at, r.finished_at));
 
-    let mut records = RecordEstimates {
-        live_estimate: None,
-        tombstones_estimate: None,
-    };
-    for row in client
-        .query(sql::INDEX_ESTIMATES, &[&schema])
-        .await
-        .map_err(read_error("the index statistics"))?
-    {
-        let name: String = row.try_get(0).map_err(read_error("the index statistics"))?;
-        let tuples: i64 = row.try_get(1).map_err(read_error("the index statistics"))?;
-        let analysed: Option<bool> = row.try_get(2).map_err(read_error("the index statistics"))?;
-        // -1, or a table never vacuumed or analysed: unknown.
-        let estimate = (tuples >= 0 && analysed == Some(true)).then_some(tuples);
-        match name.as_str() {
-            "idempotency_records_due_idx" => records.live_estimate = estimate,
-            _ => records.tombstones_estimate = estimate,
-        }
-    }
+    let records = RecordCounts::read(client, schema, count_below_pages).await?;
 
     let visible: bool = client
         .query_opt(sql::REPLICATION_VISIBLE, &[])

@@ -10,7 +10,8 @@
 //                       its operation create-payment, and its own table `payments`,
 //                       examples/payments.sql)
 //   PAYMENTS_TOKENS     JSON: bearer token -> {"tenant": ..., "principal": ...}
-//   PORT                default 8080; 0 picks a free port. The first line printed names it.
+//   PORT                default 8082 (Python's 8081, Rust's 8083); 0 picks a free port. The first
+//                       line printed names it.
 //   CLAIM_LOCK_TIMEOUT  how long a claim waits for an in-flight owner (default "2 seconds")
 //   REPLAY_WINDOW       how long a key replays its answer (default "24 hours")
 
@@ -180,7 +181,7 @@ function environment(applicationName) {
     lockTimeout: process.env.CLAIM_LOCK_TIMEOUT || '2 seconds',
     replayWindow: process.env.REPLAY_WINDOW || '24 hours',
   };
-  return { pool, settings, port: Number(process.env.PORT || 8080) };
+  return { pool, settings, port: Number(process.env.PORT || 8082) };
 }
 
 module.exports = {

@@ -9,7 +9,8 @@ Environment:
                       its operation create-payment, and its own table `payments`,
                       examples/payments.sql)
   PAYMENTS_TOKENS     JSON: bearer token -> {"tenant": ..., "principal": ...}
-  PORT                default 8080; 0 picks a free port. The first line printed names it.
+  PORT                default 8081 (Node's 8082, Rust's 8083); 0 picks a free port. The first
+                      line printed names it.
   CLAIM_LOCK_TIMEOUT  how long a claim waits for an in-flight owner (default "2 seconds")
   REPLAY_WINDOW       how long a key replays its answer (default "24 hours")
 """
@@ -151,7 +152,7 @@ def listen() -> socket.socket:
         ):
             sys.exit('PAYMENTS_TOKENS: {"token": {"tenant": ..., "principal": ...}, ...}')
     listener = socket.socket()
-    listener.bind(("127.0.0.1", int(os.environ.get("PORT", "8080"))))
+    listener.bind(("127.0.0.1", int(os.environ.get("PORT", "8081"))))
     listener.listen(128)  # connections wait in the backlog until the server serves them
     print(f"listening on http://127.0.0.1:{listener.getsockname()[1]}", flush=True)
     return listener

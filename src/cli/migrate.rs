@@ -15,6 +15,11 @@ pub(super) async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<Ex
     let mut out = String::new();
     if args.status {
         let session = db::connect(&config.database, "migrate").await?;
+        if let Some(server) = schema::server::unsupported(&session.conn(), None).await? {
+            return Err(
+                anyhow::Error::new(migrations::MigrationError::from(server)).context(REFUSED)
+            );
+        }
         let status = migrations::status(&session.conn(), None).await?;
         for m in &status.applied {
             let _ = writeln!(
@@ -60,9 +65,10 @@ pub(super) async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<Ex
         schema::migrate_watched(&config.database, progress::TICK, |activity| {
             line.say(describe(activity, line.elapsed()))
         })
-        .await?
+        .await
+        .map_err(refused)?
     } else {
-        schema::migrate(&config.database).await?
+        schema::migrate(&config.database).await.map_err(refused)?
     };
     if applied.is_empty() {
         let _ = writeln!(out, "schema {} is already current", config.database.schema);
@@ -72,6 +78,20 @@ pub(super) async fn run(config: &Config, args: MigrateArgs) -> anyhow::Result<Ex
     }
     stdout::print(&out)?;
     Ok(Exit::Success)
+}
+
+/// What `migrate` says when the server is not one this binary works on (nothing written).
+const REFUSED: &str = "refusing to migrate";
+
+/// A refused server in `migrate`'s words; any other failure as it is.
+fn refused(e: migrations::MigrationError) -> anyhow::Error {
+    let unsupported = matches!(e, migrations::MigrationError::Unsupported(_));
+    let e = anyhow::Error::new(e);
+    if unsupported {
+        e.context(REFUSED)
+    } else {
+        e
+    }
 }
 
 /// One line of what a migration run does: which migration, for how long, and its index build

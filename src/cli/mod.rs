@@ -331,7 +331,11 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         {
             return Exit::Usage;
         }
-        if let Some(crate::status::StatusError::SchemaNotCurrent(_)) = cause.downcast_ref() {
+        if let Some(
+            crate::status::StatusError::SchemaNotCurrent(_)
+            | crate::status::StatusError::UnsupportedServer(_),
+        ) = cause.downcast_ref()
+        {
             return Exit::Unavailable;
         }
         if cause.is::<schema::SchemaNotCurrent>() {
@@ -339,7 +343,9 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         }
         if let Some(failed) = cause.downcast_ref::<schema::CheckError>() {
             return match failed {
-                schema::CheckError::NotCurrent(_) => Exit::Unavailable,
+                schema::CheckError::NotCurrent(_) | schema::CheckError::Unsupported(_) => {
+                    Exit::Unavailable
+                }
                 schema::CheckError::Db(db) if db.class() == ErrorClass::Unavailable => {
                     Exit::Unavailable
                 }
@@ -350,6 +356,9 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         // The configuration points migrate at a transaction pooler: the operator's to fix.
         if let Some(migrations::MigrationError::TransactionPooler) = cause.downcast_ref() {
             return Exit::Usage;
+        }
+        if let Some(migrations::MigrationError::Unsupported(_)) = cause.downcast_ref() {
+            return Exit::Unavailable;
         }
         #[cfg(feature = "demo")]
         if let Some(crate::pg_cluster::ClusterError::BinariesNotFound { .. }) = cause.downcast_ref()
@@ -367,9 +376,10 @@ pub(crate) fn count(n: impl std::fmt::Display, one: &str, many: &str) -> String 
     format!("{n} {noun}")
 }
 
-/// Connects and refuses a schema that is not this binary's (migrations pending, unknown or
-/// diverging) with the line `serve` gives (exit 69), before a command's first statement would fail
-/// on a missing table. Failing to connect or to read the history gets `context`, the command's.
+/// Connects and refuses a server or a schema that is not this binary's (not PostgreSQL 15 or
+/// newer; migrations pending, unknown or diverging) in one line, exit 69 as `serve`, before a
+/// command's first statement would fail on a missing table. Every failure, a refusal included,
+/// is said in the command's own words: `context` first.
 async fn require_current_schema(
     db: &crate::config::DatabaseConfig,
     purpose: &'static str,
@@ -385,11 +395,12 @@ async fn connect_current(
     context: &'static str,
 ) -> anyhow::Result<db::Session> {
     let session = db::connect(db, purpose).await.context(context)?;
-    match schema::check(&session.conn(), Needs::MIGRATIONS, None).await {
-        Ok(_) => Ok(session),
-        Err(schema::CheckError::NotCurrent(not_current)) => Err(not_current.into()),
-        Err(schema::CheckError::Db(e)) => Err(anyhow::Error::new(e).context(context)),
-    }
+    // The command's own words, a refusal included ("cannot list the outbox: 2 migration(s)
+    // pending …"): `serve`'s is "refusing to start".
+    schema::check(&session.conn(), Needs::MIGRATIONS, None)
+        .await
+        .map_err(|e| anyhow::Error::new(e).context(context))?;
+    Ok(session)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

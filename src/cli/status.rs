@@ -68,6 +68,39 @@ fn ago(seconds: f64) -> String {
     format!("{} ago", humantime::format_duration(whole))
 }
 
+/// The records line: exact counts, or the estimates marked `~` with the age of the statistics
+/// they come from (`unknown` when the table was never analysed).
+fn records(c: &status::RecordCounts, age: impl Fn(DateTime<Utc>) -> String) -> String {
+    let mib = c.table_pages * 8 / 1024;
+    match c.method {
+        status::CountMethod::Counted => format!(
+            "{} live, {} (counted)",
+            c.live_estimate.unwrap_or(0),
+            count(
+                c.tombstones_estimate.unwrap_or(0),
+                "tombstone",
+                "tombstones"
+            )
+        ),
+        status::CountMethod::Statistics => {
+            let live = c
+                .live_estimate
+                .map_or("unknown".to_owned(), |n| format!("~{n}"));
+            let tombstones = c
+                .tombstones_estimate
+                .map_or("unknown tombstones".to_owned(), |n| {
+                    format!("~{}", count(n, "tombstone", "tombstones"))
+                });
+            let of = c
+                .statistics_at
+                .map_or("the table was never analysed".to_owned(), |at| {
+                    format!("statistics of {} ({})", timestamp(at), age(at))
+                });
+            format!("{live} live, {tombstones} (estimates: {mib} MiB, too large to count; {of})")
+        }
+    }
+}
+
 fn run_line(r: &RecordedRun) -> String {
     format!(
         "  {:<20}  {:<7}  {:<12}  {:>10}  {:>8}  {:>8}  {}",
@@ -139,18 +172,7 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
     };
     let _ = writeln!(out, "backlog       {backlog}");
 
-    let estimate = |e: Option<i64>| e.map_or("unknown".to_owned(), |n| format!("~{n}"));
-    let tombstones = r
-        .records
-        .tombstones_estimate
-        .map_or("unknown tombstones".to_owned(), |n| {
-            format!("~{}", count(n, "tombstone", "tombstones"))
-        });
-    let _ = writeln!(
-        out,
-        "records       {} live, {tombstones} (estimates as of the last ANALYZE)",
-        estimate(r.records.live_estimate),
-    );
+    let _ = writeln!(out, "records       {}", records(&r.records, age));
 
     let replication = if !r.replication.visible {
         "not visible (needs pg_monitor)".to_owned()
@@ -221,4 +243,43 @@ pub(crate) fn render(r: &StatusReport, max_age: Option<Duration>, problem: Optio
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counted figures are plain; estimates are marked `~`, with the size that made them
+    /// estimates and the age of their statistics, or `unknown` when there are none.
+    #[test]
+    fn the_records_line_says_how_its_figures_were_made() {
+        let now: DateTime<Utc> = "2026-12-03T07:40:12Z".parse().unwrap();
+        let age = |t: DateTime<Utc>| ago((now - t).num_milliseconds() as f64 / 1000.0);
+        let mut c = status::RecordCounts {
+            live_estimate: Some(2),
+            tombstones_estimate: Some(1),
+            method: status::CountMethod::Counted,
+            statistics_at: None,
+            table_pages: 3,
+        };
+        assert_eq!(records(&c, age), "2 live, 1 tombstone (counted)");
+        c.method = status::CountMethod::Statistics;
+        c.live_estimate = Some(40_000_000);
+        c.tombstones_estimate = Some(10_000_000);
+        c.table_pages = 4_000_000;
+        c.statistics_at = Some("2026-12-03T07:35:12Z".parse().unwrap());
+        assert_eq!(
+            records(&c, age),
+            "~40000000 live, ~10000000 tombstones (estimates: 31250 MiB, too large to count; \
+             statistics of 2026-12-03T07:35:12Z (5m ago))"
+        );
+        c.live_estimate = None;
+        c.tombstones_estimate = None;
+        c.statistics_at = None;
+        assert_eq!(
+            records(&c, age),
+            "unknown live, unknown tombstones (estimates: 31250 MiB, too large to count; the \
+             table was never analysed)"
+        );
+    }
 }

@@ -93,6 +93,9 @@ pub enum NotReady {
     /// held by requests waiting on a silent database (they end at their deadlines).
     #[error("API connection pool busy: {0}")]
     PoolBusy(String),
+    /// The server is not PostgreSQL 15 or newer (`crate::schema::server`).
+    #[error("database server not supported: {0}")]
+    UnsupportedServer(String),
     /// Migrations are pending, unknown to this binary, or differ from it.
     #[error("schema not current: {0}")]
     SchemaNotCurrent(String),
@@ -203,7 +206,7 @@ impl ReadinessProbe {
         let readiness =
             match tokio::time::timeout(self.timeout, self.query(&mut state.session)).await {
                 Ok(Ok((schema_problem, read_only))) => match schema_problem {
-                    Some(problem) => Readiness::NotReady(NotReady::SchemaNotCurrent(problem)),
+                    Some(problem) => Readiness::NotReady(problem),
                     None => match read_only {
                         Some(why) => Readiness::NotReady(NotReady::ReadOnly(why)),
                         None => self.api_side().await,
@@ -292,7 +295,7 @@ impl ReadinessProbe {
     async fn query(
         &self,
         session: &mut Option<Session>,
-    ) -> Result<(Option<String>, Option<&'static str>), DbError> {
+    ) -> Result<(Option<NotReady>, Option<&'static str>), DbError> {
         if session.as_ref().is_some_and(Session::is_closed) {
             *session = None;
         }
@@ -308,7 +311,12 @@ impl ReadinessProbe {
         let schema_problem =
             match schema::check(&conn, Needs::MIGRATIONS, Some(&statement_timeout)).await {
                 Ok(_) => None,
-                Err(CheckError::NotCurrent(not_current)) => Some(not_current.0),
+                Err(CheckError::NotCurrent(not_current)) => {
+                    Some(NotReady::SchemaNotCurrent(not_current.0))
+                }
+                Err(CheckError::Unsupported(server)) => {
+                    Some(NotReady::UnsupportedServer(server.to_string()))
+                }
                 Err(CheckError::Db(e)) => return Err(e),
             };
         let row = conn

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use super::sql;
-use crate::db::{self, pipeline, Conn, DatabaseConfig, DbError, Param, Pooler, Session};
+use crate::db::{self, Conn, DatabaseConfig, DbError, Pooler, Session};
 
 mod embedded {
     #![allow(missing_docs)]
@@ -32,6 +32,9 @@ pub enum MigrationError {
     /// refinery refused or a migration's SQL failed (the migration's transaction rolled back).
     #[error("migration failed")]
     Apply(#[source] refinery::Error),
+    /// The server is not one this binary works on: nothing was written.
+    #[error(transparent)]
+    Unsupported(#[from] super::UnsupportedServer),
     /// `database.pooler = "transaction"`: migrations need a session of their own.
     #[error(
         "migrate needs a session of its own (an advisory lock, search_path and refinery's \
@@ -159,6 +162,11 @@ async fn apply_on(
     db: &DatabaseConfig,
     runner: refinery::Runner,
 ) -> Result<Vec<MigrationInfo>, MigrationError> {
+    // Before anything is written: a schema half made on a server the daemon will refuse helps
+    // nobody.
+    if let Some(server) = super::server::unsupported(&session.conn(), None).await? {
+        return Err(server.into());
+    }
     let client = &mut session.client;
     // Same key for every process migrating this schema; released when the session ends even
     // if we crash half way.
@@ -364,28 +372,15 @@ pub async fn status(
     conn: &Conn<'_>,
     statement_timeout: Option<&str>,
 ) -> Result<MigrationStatus, DbError> {
-    let read = |template: &'static str, params: &'static [&'static dyn Param]| async move {
-        match statement_timeout {
-            None => conn.query(template, params).await.map_err(DbError::Query),
-            Some(timeout) => pipeline::query(
-                conn,
-                db::sql::SET_LOCAL_STATEMENT_TIMEOUT,
-                &[&timeout],
-                template,
-                params,
-            )
-            .await
-            .map_err(|failure| DbError::Query(failure.error)),
-        }
-    };
-    let exists = read(sql::HISTORY_EXISTS, &[]).await?;
+    let read = |template: &'static str| super::read(conn, statement_timeout, template, &[]);
+    let exists = read(sql::HISTORY_EXISTS).await?;
     let exists: bool = match exists.first() {
         Some(row) => row.try_get(0)?,
         None => false,
     };
     let mut recorded = Vec::new();
     if exists {
-        for row in read(sql::HISTORY, &[]).await? {
+        for row in read(sql::HISTORY).await? {
             let version: i32 = row.try_get(0)?;
             let name: Option<String> = row.try_get(1)?;
             let applied_on: Option<String> = row.try_get(2)?;

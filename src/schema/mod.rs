@@ -1,7 +1,9 @@
-//! The database contract, Rust side: which schema this binary needs and whether a database has
-//! it. The migrations that build it ([`migrations`], the one place that names `migrations/` and
-//! refinery), the SQL API's version ([`api`]), and the one [`check`] that `serve`, every command
-//! that reads or writes the schema, readiness and `status` call, each with what it [`Needs`].
+//! The database contract, Rust side: which server and schema this binary needs and whether a
+//! database has them. The server ([`server`]: PostgreSQL 15 or newer, not a system that only
+//! speaks its protocol), the migrations that build the schema ([`migrations`], the one place that
+//! names `migrations/` and refinery), the SQL API's version ([`api`]), and the one [`check`] that
+//! `serve`, every command that reads or writes the schema, readiness and `status` call, each with
+//! what it [`Needs`] (`migrate` asks the server's part before it writes anything).
 //!
 //! The schema itself, as it stands after the last migration, is committed under `schema/` at the
 //! repository's root (one file per table, view and function, rendered from a migrated catalogue;
@@ -9,6 +11,7 @@
 
 pub mod api;
 pub mod migrations;
+pub mod server;
 pub mod sql;
 
 pub use api::{require_known, schema_version, UnknownApiVersion, API_FUNCTIONS, API_VERSION};
@@ -16,8 +19,9 @@ pub use migrations::{
     migrate, migrate_to, migrate_watched, IndexBuild, LockWait, MigrationActivity, MigrationError,
     MigrationInfo, MigrationStatus, HISTORY_TABLE,
 };
+pub use server::{ServerFacts, UnsupportedServer, MINIMUM_VERSION_NUM};
 
-use crate::db::{Conn, DbError};
+use crate::db::{self, pipeline, Conn, DbError, Param};
 
 /// What a caller needs of the schema, besides what every caller needs: its migrations exactly
 /// this binary's (none pending, none unknown, none edited after release).
@@ -68,9 +72,10 @@ pub struct Current {
 }
 
 /// The schema is not what this binary needs; `serve` and the commands refuse to work on it
-/// (exit 69), readiness reports it.
+/// (exit 69), readiness reports it. The text is what is wrong; the caller says who refuses
+/// (`refusing to start: …`, `refusing to run cleanup: …`).
 #[derive(Debug, thiserror::Error)]
-#[error("refusing to start: {0}")]
+#[error("{0}")]
 pub struct SchemaNotCurrent(pub String);
 
 /// Why [`check`] found no usable schema.
@@ -79,6 +84,9 @@ pub enum CheckError {
     /// Asking failed (the connection, a statement).
     #[error(transparent)]
     Db(#[from] DbError),
+    /// The server is not one this binary works on (exit 69, as a schema not current).
+    #[error(transparent)]
+    Unsupported(#[from] UnsupportedServer),
     /// The schema answered, and it is not what the caller needs.
     #[error(transparent)]
     NotCurrent(#[from] SchemaNotCurrent),
@@ -89,19 +97,23 @@ impl CheckError {
     pub fn not_current(&self) -> Option<&str> {
         match self {
             CheckError::NotCurrent(SchemaNotCurrent(problem)) => Some(problem),
-            CheckError::Db(_) => None,
+            CheckError::Db(_) | CheckError::Unsupported(_) => None,
         }
     }
 }
 
-/// Whether `conn`'s schema is what this binary needs for `needs`: the migration history first
-/// (with `statement_timeout`, as [`crate::db::sql::duration_setting`] renders it, each read of it
-/// is bounded on the server too), then what `needs` adds. Read-only.
+/// Whether `conn`'s server and schema are what this binary needs for `needs`: the server first
+/// ([`server::unsupported`]), then the migration history (with `statement_timeout`, as
+/// [`crate::db::sql::duration_setting`] renders it, each read is bounded on the server too), then
+/// what `needs` adds. Read-only.
 pub async fn check(
     conn: &Conn<'_>,
     needs: Needs,
     statement_timeout: Option<&str>,
 ) -> Result<Current, CheckError> {
+    if let Some(server) = server::unsupported(conn, statement_timeout).await? {
+        return Err(server.into());
+    }
     let migrations = migrations::status(conn, statement_timeout).await?;
     if let Some(problem) = migrations.problem() {
         return Err(SchemaNotCurrent(problem).into());
@@ -130,6 +142,28 @@ pub async fn check(
         migrations,
         api_version,
     })
+}
+
+/// The rows of `template` on `conn`, in a transaction of its own with `statement_timeout` when
+/// one is given (the server cancels the read past it), else as a statement alone.
+async fn read(
+    conn: &Conn<'_>,
+    statement_timeout: Option<&str>,
+    template: &'static str,
+    params: &[&dyn Param],
+) -> Result<Vec<tokio_postgres::Row>, DbError> {
+    match statement_timeout {
+        None => conn.query(template, params).await.map_err(DbError::Query),
+        Some(timeout) => pipeline::query(
+            conn,
+            db::sql::SET_LOCAL_STATEMENT_TIMEOUT,
+            &[&timeout],
+            template,
+            params,
+        )
+        .await
+        .map_err(|failure| DbError::Query(failure.error)),
+    }
 }
 
 /// The role of `conn`'s session when it may not execute the endpoint's claim functions (a daemon

@@ -1,5 +1,5 @@
-//! The statements that ask a database about its schema, by name: the migration history, the SQL
-//! API's version, whether the endpoint's claim functions may be executed, and the migrate
+//! The statements that ask a database about its schema, by name: what the server is, the
+//! migration history, the SQL API's version, whether the endpoint's claim functions may be executed, and the migrate
 //! session's own (its advisory lock, its schema and `search_path`).
 
 /// Waits for the session-level advisory lock on the text key `$1` (hashed by the server with
@@ -21,6 +21,18 @@ pub fn create_schema(schema: &str) -> String {
 pub fn set_search_path(schema: &str) -> String {
     format!("SET search_path TO \"{schema}\"")
 }
+
+/// What the server says of itself (`super::server`): `server_version_num`, `server_version`,
+/// and the catalogue facts of the systems that speak PostgreSQL's protocol without being it —
+/// CockroachDB's `crdb_internal` schema, YugabyteDB's `pg_catalog.yb_servers()`. Plain catalogue
+/// reads and `current_setting`, which those systems answer too; any role may run it.
+pub const SERVER_FACTS: &str = "\
+SELECT current_setting('server_version_num')::integer,
+       current_setting('server_version'),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'crdb_internal'),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+               JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+               WHERE n.nspname = 'pg_catalog' AND p.proname = 'yb_servers')";
 
 /// Whether the history table exists.
 pub const HISTORY_EXISTS: &str = "SELECT to_regclass('{schema}.schema_history') IS NOT NULL";

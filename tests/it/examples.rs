@@ -134,7 +134,7 @@ fn tokens() -> String {
 }
 
 /// `examples/setup <target>`: the venv or node_modules from the pinned files (a no-op when made).
-fn setup(example: Example) {
+pub(crate) fn setup(example: Example) {
     let target = example.setup_target();
     let status = std::process::Command::new(repo_root().join("examples/setup"))
         .arg(target)
@@ -229,6 +229,14 @@ struct Reply {
 }
 
 impl Reply {
+    async fn of(response: reqwest::Response) -> Reply {
+        Reply {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.bytes().await.unwrap().to_vec(),
+        }
+    }
+
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
@@ -253,11 +261,17 @@ async fn post(base: &str, token: &str, key: &str, body: &Value) -> Reply {
         .send()
         .await
         .unwrap();
-    Reply {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.bytes().await.unwrap().to_vec(),
-    }
+    Reply::of(response).await
+}
+
+async fn get(base: &str, token: &str, path: &str) -> Reply {
+    let response = reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    Reply::of(response).await
 }
 
 /// The request body of `request_id` for `amount` EUR to ACME.
@@ -394,7 +408,17 @@ async fn exercise(example: Example) {
     assert_eq!(replay.status, 201, "{context}: {replay:?}");
     assert!(replay.replayed(), "{context}: {replay:?}");
     assert_eq!(replay.body, created.body, "{context}: byte-identical");
+    let location = created.header("location").map(str::to_owned);
+    assert_eq!(
+        replay.header("location"),
+        location.as_deref(),
+        "{context}: the replay's Location"
+    );
     assert_eq!(count(&admin, payments_of, "r-1").await, 1, "{context}");
+    // Where Location leads: the payment, served.
+    let shown = get(base, TOKEN, &format!("/payments/{payment_id}")).await;
+    assert_eq!(shown.status, 200, "{context}: {shown:?}");
+    assert_eq!(shown.json()["payment_id"], payment_id.as_str(), "{context}");
 
     // The key reused for another intent: 422, nothing of the stored answer.
     let reused = post(base, TOKEN, "k-1", &request("r-1", "13.00")).await;
@@ -409,6 +433,12 @@ async fn exercise(example: Example) {
     assert_eq!(again.status, 200, "{context}: {again:?}");
     assert!(again.replayed(), "{context}");
     assert_eq!(again.body, created.body, "{context}");
+    // Answered like a key's replay: the same Location.
+    assert_eq!(
+        again.header("location"),
+        location.as_deref(),
+        "{context}: the business id's replay carries Location"
+    );
     for (token, key, amount) in [
         (TOKEN, "k-1-more", "99.00"),
         (OTHER_TOKEN, "k-1-audit", "12.50"),
@@ -498,6 +528,14 @@ async fn exercise(example: Example) {
         payment_id.as_str(),
         "{context}"
     );
+    // 410 names the resource where a GET finds it.
+    assert_eq!(
+        expired.header("location"),
+        location.as_deref(),
+        "{context}: {expired:?}"
+    );
+    let found = get(base, TOKEN, location.as_deref().unwrap_or("/")).await;
+    assert_eq!(found.status, 200, "{context}: {found:?}");
     let reused = post(base, TOKEN, "k-1", &request("r-1", "13.00")).await;
     assert_eq!(
         reused.status, 422,
@@ -695,4 +733,64 @@ async fn django_payments_sample_app_503s() {
 #[tokio::test]
 async fn fastify_payments_sample_app_503s() {
     unavailable(Example::Fastify).await;
+}
+
+/// examples/README.md's "Running one by hand": each example started with its command line there,
+/// without `PORT`, listens on the port the line names (8081 Python, 8082 Node — beside the
+/// daemon's 8080; a language's two apps share its port), as its first line says. The Rust one's line is `cargo run`, which cannot run
+/// inside `cargo test` (the build directory's lock is held): its `main.rs` default is compared.
+#[tokio::test]
+async fn each_example_starts_on_the_port_examples_readme_names() {
+    let readme = std::fs::read_to_string(repo_root().join("examples/README.md")).unwrap();
+    let line = regex::Regex::new(r"(?m)^(?<command>\S.*?)\s+# on (?<port>\d+)$").unwrap();
+    let lines: Vec<(String, String)> = line
+        .captures_iter(&readme)
+        .map(|c| (c["command"].to_owned(), c["port"].to_owned()))
+        .collect();
+    let port_of = |script: &str| {
+        lines
+            .iter()
+            .find(|(command, _)| command.contains(script))
+            .unwrap_or_else(|| panic!("examples/README.md starts no {script} `# on PORT`"))
+            .clone()
+    };
+    for (example, script) in [
+        (Example::Python, "examples/python-payments/service.py"),
+        (Example::Django, "examples/python-payments/django_service.py"),
+        (Example::Node, "examples/node-payments/service.js"),
+        (Example::Fastify, "examples/node-payments/fastify.js"),
+    ] {
+        setup(example);
+        let (command, port) = port_of(script);
+        let mut child = tokio::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("exec {command}"))
+            .current_dir(repo_root())
+            .env_remove("PORT")
+            // Never reached: the examples connect on the first request.
+            .env("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+            .env("PAYMENTS_TOKENS", tokens())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("{command}: no first line"))
+            .unwrap();
+        assert_eq!(
+            first.as_deref(),
+            Some(format!("listening on http://127.0.0.1:{port}").as_str()),
+            "{command}: examples/README.md says {port} (None: it exited, the port taken on this machine?)"
+        );
+    }
+    let (_, port) = port_of("cargo run -p rust-payments");
+    let main =
+        std::fs::read_to_string(repo_root().join("examples/rust-payments/src/main.rs")).unwrap();
+    assert!(
+        main.contains(&format!("env_or(\"PORT\", \"{port}\")")),
+        "examples/rust-payments/src/main.rs's default PORT is not {port}"
+    );
 }

@@ -192,7 +192,8 @@ async fn constraints_reject_what_the_protocol_forbids() {
 
 /// `serve` refuses to start while migrations are pending, and every other command that needs the
 /// schema answers the same: exit 69 and one line naming the pending migrations, not 70 and the
-/// first statement's 42P01 (the cleanup timer can fire before `migrate` ran; issue 27 item 2).
+/// first statement's 42P01 (the cleanup timer can fire before `migrate` ran; issue 27 item 2) —
+/// each in its own words, "refusing to start" only `serve`'s (issue 42).
 #[tokio::test]
 async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
     let db = TestDb::empty().await;
@@ -216,37 +217,38 @@ async fn every_command_needing_the_schema_refuses_pending_migrations_with_69() {
             "--event",
             "01a23a59-d631-7782-8794-18478aec6c70",
         ],
+        &["operations", "list"],
+        &[
+            "keys",
+            "explain",
+            "--tenant",
+            "acme",
+            "--principal",
+            "billing",
+            "--operation",
+            "create-payment",
+            "--key",
+            "k-1",
+        ],
     ];
     let pending = format!("{} migration(s) pending (V1__", migrations::known().len());
     for args in commands {
-        let url = db.url.clone();
-        let secret_file = secret_file.clone();
-        let output = tokio::task::spawn_blocking(move || {
-            Command::new(binary())
-                .args(*args)
-                .env_clear()
-                .env("TOMBSTONED_DATABASE_URL", &url)
-                .env("TOMBSTONED_API__ENABLED", "false")
-                .env("TOMBSTONED_OUTBOX__ENDPOINT", "http://127.0.0.1:1/in")
-                .env("TOMBSTONED_OUTBOX__SECRET_FILE", &secret_file)
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(69), "{args:?}: {stderr}");
-        assert_eq!(
-            stderr.trim().lines().count(),
-            1,
-            "{args:?}: one line: {stderr}"
-        );
+        let env = [
+            ("TOMBSTONED_OUTBOX__ENDPOINT", "http://127.0.0.1:1/in"),
+            ("TOMBSTONED_OUTBOX__SECRET_FILE", secret_file.as_str()),
+        ];
+        let stderr = refusal_of(&db.url, args, &env).await;
         assert!(
             stderr.contains(&pending) && stderr.contains("run `tombstoned migrate` first"),
             "{args:?}: {stderr}"
         );
         assert!(!stderr.contains("42P01"), "{args:?}: {stderr}");
-        assert!(output.stdout.is_empty(), "{args:?}");
+        // Each in its own words: only the daemon "refuses to start".
+        assert_eq!(
+            stderr.starts_with("tombstoned: error: refusing to start: "),
+            args[0] == "serve",
+            "{args:?}: {stderr}"
+        );
     }
     // Nothing was created on the way.
     let tables: i64 = db
@@ -369,4 +371,162 @@ async fn runs_on_the_postgres_major_ci_asked_for() {
     if let Ok(expected) = std::env::var("TOMBSTONED_EXPECT_PG_MAJOR") {
         assert_eq!(major.to_string(), expected, "TOMBSTONED_EXPECT_PG_MAJOR");
     }
+}
+
+/// The commands the server check answers for, each with the words its refusal starts with:
+/// `serve` refuses to start, `migrate` to migrate, every other command in its own words.
+const REFUSERS: &[(&[&str], &str)] = &[
+    (&["serve"], "refusing to start: "),
+    (&["migrate"], "refusing to migrate: "),
+    (&["migrate", "--status"], "refusing to migrate: "),
+    (&["status"], "cannot read the status: "),
+    (&["cleanup"], "cleanup run failed: "),
+    (&["outbox", "list"], "cannot list the outbox: "),
+    (&["operations", "list"], "cannot list the operations: "),
+];
+
+/// Each of [`REFUSERS`] on `url`: exit 69 and one line, its own words then `refusal`; nothing
+/// on stdout.
+async fn assert_every_command_refuses(url: &str, refusal: &str) {
+    for (args, words) in REFUSERS {
+        let stderr = refusal_of(url, args, &[]).await;
+        assert!(
+            stderr.starts_with(&format!("tombstoned: error: {words}{refusal}")),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// `tombstoned ARGS` on `url` (the API off, `env` besides), which must refuse: exit 69, one
+/// line on stderr (returned), nothing on stdout.
+async fn refusal_of(url: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut command = Command::new(binary());
+    command
+        .args(args)
+        .env_clear()
+        .env("TOMBSTONED_DATABASE_URL", url)
+        .env("TOMBSTONED_API__ENABLED", "false")
+        .envs(env.iter().copied());
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(69), "{args:?}: {stderr}");
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "{args:?}: one line: {stderr}"
+    );
+    assert!(output.stdout.is_empty(), "{args:?}");
+    stderr
+}
+
+/// Readiness on `config`'s database: not ready, with `refusal`.
+async fn assert_not_ready(config: &tombstoned::config::Config, refusal: &str) {
+    use tombstoned::ops::readiness::{Readiness, ReadinessProbe};
+    match ReadinessProbe::new(config.database.clone()).check().await {
+        Readiness::NotReady(reason) => assert!(
+            reason
+                .to_string()
+                .starts_with(&format!("database server not supported: {refusal}")),
+            "{reason}"
+        ),
+        Readiness::Ready => panic!("ready on a server it must refuse ({refusal})"),
+    }
+}
+
+/// The server check (`tombstoned::schema::server`): a PostgreSQL older than 15 — a real
+/// PostgreSQL 14, which scripts/test fetches — and, on the PostgreSQL here, a database with the
+/// catalogue fact each other system is told by: CockroachDB's `crdb_internal` schema, YugabyteDB's
+/// `pg_catalog.yb_servers()`. Neither system can run here; what the test makes is exactly the fact
+/// the check reads (their catalogues have it: docs/scale-out.md cites where), on a server whose
+/// version would pass. `serve` refuses to start, `migrate` writes nothing, every command exits 69
+/// with one line, readiness is not ready; the same database without the fact passes.
+#[tokio::test]
+async fn the_server_check_refuses_an_old_postgresql_cockroachdb_and_yugabytedb() {
+    // A real PostgreSQL 14.
+    match std::env::var_os("TOMBSTONED_PG14_BIN") {
+        Some(bin) => {
+            let cluster = tokio::task::spawn_blocking(move || {
+                tombstoned::pg_cluster::ThrowawayCluster::start_with(
+                    std::path::Path::new(&bin),
+                    &tombstoned::pg_cluster::ClusterOptions::default(),
+                )
+                .unwrap()
+            })
+            .await
+            .unwrap();
+            let url = cluster.url("postgres");
+            let config = crate::harness::config_for(&url, &[]);
+            assert_every_command_refuses(&url, "the server is PostgreSQL 14.").await;
+            assert_not_ready(&config, "the server is PostgreSQL 14.").await;
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let made: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_namespace WHERE nspname = 'tombstoned'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(made, 0, "migrate wrote on a server it refuses");
+        }
+        None => {
+            // scripts/test sets it (scripts/embedded-postgres 14); CI runs that.
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "TOMBSTONED_PG14_BIN is not set: run the suite with scripts/test"
+            );
+            eprintln!(
+                "SKIPPED the PostgreSQL 14 part: TOMBSTONED_PG14_BIN is not set (scripts/test \
+                 sets it)"
+            );
+        }
+    }
+
+    // The catalogue facts, on a migrated database of the PostgreSQL here.
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    let config = db.config();
+    for (make, refusal, unmake) in [
+        (
+            "CREATE SCHEMA crdb_internal",
+            "the server is CockroachDB (its catalogue has crdb_internal; it reports \
+             server_version ",
+            "DROP SCHEMA crdb_internal",
+        ),
+        (
+            "CREATE FUNCTION pg_catalog.yb_servers() RETURNS void LANGUAGE sql AS ''",
+            "the server is YugabyteDB (its catalogue has yb_servers(); it reports \
+             server_version ",
+            "DROP FUNCTION pg_catalog.yb_servers()",
+        ),
+    ] {
+        admin.batch_execute(make).await.unwrap();
+        assert_every_command_refuses(&db.url, refusal).await;
+        assert_not_ready(&config, refusal).await;
+        admin.batch_execute(unmake).await.unwrap();
+    }
+    // Without the facts the same database passes: the real server is PostgreSQL.
+    let status = tokio::task::spawn_blocking({
+        let url = db.url.clone();
+        move || {
+            Command::new(binary())
+                .arg("status")
+                .env_clear()
+                .env("TOMBSTONED_DATABASE_URL", &url)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
 }

@@ -1,17 +1,18 @@
-//! `POST /payments` with an `Idempotency-Key`, on tombstoned's SQL API: tokio-postgres (pooled
-//! by deadpool-postgres) and axum. See examples/README.md for the contract the three examples
-//! share; `src/main.rs` reads the environment and calls [`run`].
+//! `POST /payments` with an `Idempotency-Key` (and `GET /payments/{id}`, where `Location` leads),
+//! on tombstoned's SQL API: tokio-postgres (pooled by deadpool-postgres) and axum. See
+//! examples/README.md for the contract the three examples share; `src/main.rs` reads the
+//! environment and calls [`run`].
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use serde_json::{json, Value};
@@ -40,9 +41,11 @@ const ENQUEUE: &str = "SELECT tombstoned.enqueue_event($1, $2, 'payment.created'
 const COMPLETE: &str = "SELECT tombstoned.complete($1, $2, $3, $4, 201, $5::text::jsonb, $6)";
 const BY_REQUEST_ID: &str = "SELECT p.principal_id = $1 AND p.amount_minor = $2
            AND p.currency = $3 AND p.payee = $4,
-       payment_body(p)::text
+       payment_body(p)::text, p.payment_id::text
   FROM payments AS p
  WHERE p.tenant_id = $5 AND p.request_id = $6";
+const BY_ID: &str = "SELECT payment_body(p)::text FROM payments AS p
+ WHERE p.tenant_id = $1 AND p.payment_id::text = $2";
 
 /// Who a bearer token authenticates: the scope's tenant and principal.
 #[derive(Debug, Clone)]
@@ -117,6 +120,7 @@ pub fn pool(database_url: &str) -> Result<Pool, String> {
 pub fn router(pool: Pool, settings: Settings) -> Router {
     Router::new()
         .route("/payments", post(create_payment))
+        .route("/payments/{payment_id}", get(show_payment))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(Arc::new(App { pool, settings }))
 }
@@ -283,14 +287,68 @@ fn parse_intent(raw: &[u8]) -> Result<Intent, String> {
     })
 }
 
-async fn create_payment(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
+/// The caller a bearer token names, or the 401.
+fn authenticate<'a>(app: &'a App, headers: &HeaderMap) -> Result<&'a Caller, Answer> {
     let token = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let Some(caller) = token.and_then(|t| app.settings.tokens.get(t)) else {
-        return Answer::problem(StatusCode::UNAUTHORIZED, "unauthenticated")
-            .header(WWW_AUTHENTICATE, "Bearer");
+    token
+        .and_then(|t| app.settings.tokens.get(t))
+        .ok_or_else(|| {
+            Answer::problem(StatusCode::UNAUTHORIZED, "unauthenticated")
+                .header(WWW_AUTHENTICATE, "Bearer")
+        })
+}
+
+/// Where a payment's `Location` leads (the 201, a replay, the 410 once its window is over).
+fn location(payment_id: &str) -> String {
+    format!("/payments/{payment_id}")
+}
+
+/// `GET /payments/{payment_id}`: the caller's tenant's payment, or 404.
+async fn show_payment(
+    State(app): State<Arc<App>>,
+    Path(payment_id): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    let caller = match authenticate(&app, &headers) {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    let unavailable = || {
+        Answer::retry_later(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database unavailable: retry later",
+        )
+    };
+    let Ok(client) = app.pool.get().await else {
+        return unavailable();
+    };
+    match client
+        .query_opt(BY_ID, &[&caller.tenant, &payment_id])
+        .await
+    {
+        Ok(Some(row)) => match row.try_get::<_, String>(0) {
+            Ok(body) => Answer::new(StatusCode::OK, body),
+            Err(e) => {
+                eprintln!("show payment failed: {e}");
+                Answer::problem(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+            }
+        },
+        Ok(None) => Answer::problem(StatusCode::NOT_FOUND, "no such payment"),
+        Err(e) if is_connection_error(&e) => unavailable(),
+        Err(e) => {
+            eprintln!("show payment failed: {e}");
+            Answer::problem(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+        }
+    }
+}
+
+async fn create_payment(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Answer {
+    let caller = match authenticate(&app, &headers) {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
     };
     let key = headers
         .get("idempotency-key")
@@ -480,7 +538,7 @@ async fn attempt(
         }
     };
     let resource = claimed.resource.unwrap_or_default();
-    let location = format!("/payments/{resource}");
+    let location = location(&resource);
     Ok(match claimed.outcome.as_str() {
         // complete's text: what every replay sends.
         "owner" => Answer::new(StatusCode::CREATED, claimed.body.unwrap_or_default())
@@ -513,8 +571,8 @@ async fn attempt(
 }
 
 /// The transaction rolled back on the business id: the request already has a payment, made
-/// under another key. The same caller's same request gets it as a replay; anything else is a
-/// conflict that says nothing of the other payment.
+/// under another key. The same caller's same request gets it as a replay, with its `Location`
+/// like a key's replay; anything else is a conflict that says nothing of the other payment.
 async fn by_request_id(
     client: &mut Object,
     caller: &Caller,
@@ -542,5 +600,8 @@ async fn by_request_id(
             "request_id already names another payment",
         ));
     }
-    Ok(Answer::new(StatusCode::OK, row.try_get(1)?).header(IDEMPOTENT_REPLAYED, "true"))
+    let payment_id: String = row.try_get(2)?;
+    Ok(Answer::new(StatusCode::OK, row.try_get(1)?)
+        .header(LOCATION, location(&payment_id))
+        .header(IDEMPOTENT_REPLAYED, "true"))
 }

@@ -1,6 +1,6 @@
 //! The Rust payments example as a program. Environment (as the other two examples):
 //! `DATABASE_URL` (the service role), `PAYMENTS_TOKENS` (JSON: bearer token →
-//! `{"tenant", "principal"}`), `PORT` (default 8080; 0 picks a free port, and the first line
+//! `{"tenant", "principal"}`), `PORT` (default 8083; 0 picks a free port, and the first line
 //! printed names it), `CLAIM_LOCK_TIMEOUT` (default "2 seconds"), `REPLAY_WINDOW` (default
 //! "24 hours").
 #![forbid(unsafe_code)]
@@ -22,7 +22,7 @@ async fn main() -> ExitCode {
         let settings = settings?;
         let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is not set")?;
         let pool = rust_payments::pool(&url)?;
-        let port = env_or("PORT", "8080");
+        let port = env_or("PORT", "8083");
         let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}"))
             .await
             .map_err(|e| format!("cannot listen on 127.0.0.1:{port}: {e}"))?;
