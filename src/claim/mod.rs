@@ -127,6 +127,14 @@ impl ClaimSettings {
         db::sql::duration_setting(self.lock_timeout)
     }
 
+    /// What the API's pooled sessions carry session-wide for the owner attempt on a direct
+    /// connection: READ COMMITTED and [`ClaimSettings::lock_timeout`] (`db::pool_carrying`).
+    pub fn session_settings(&self) -> db::SessionSettings {
+        db::SessionSettings {
+            lock_timeout: self.lock_timeout,
+        }
+    }
+
     /// The client-side bound on one claim once it holds a connection: an owner attempt and a
     /// replay attempt, each of which may wait `lock_timeout` for a row lock, plus
     /// [`STATEMENT_ALLOWANCE`] and the deadline's slack. Past it the database is taken to be

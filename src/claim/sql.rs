@@ -114,7 +114,7 @@ pub const BEGIN: &str = crate::db::sql::BEGIN_READ_COMMITTED;
 
 /// `$1` = `api.claim_lock_timeout` in milliseconds, e.g. `'2000ms'`. Transaction-local: when
 /// the connection goes back to the pool nothing needs restoring.
-pub const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+pub const SET_LOCK_TIMEOUT: &str = crate::db::sql::SET_LOCAL_LOCK_TIMEOUT;
 
 /// Claim the key and, only if this transaction now owns it, create the order and its outbox
 /// event — one statement.
