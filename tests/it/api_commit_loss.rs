@@ -39,6 +39,9 @@ use tombstoned::config::DatabaseUrl;
 use crate::api_support::{order, TestApi, ALICE};
 use crate::harness::TestDb;
 
+/// Statement texts or SQLSTATEs the proxy records, shared between its two directions and the test.
+type Recorded = Arc<Mutex<Vec<String>>>;
+
 /// Where the armed proxy cuts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cut {
@@ -376,7 +379,7 @@ async fn server_to_client(
     mut to: OwnedWriteHalf,
     (cut, cutter): (Cut, Option<Cutter>),
     (held, at_sync): (Arc<AtomicBool>, Arc<AtSync>),
-    (errors, forwarded_in_cut): (Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<String>>>),
+    (errors, forwarded_in_cut): (Recorded, Recorded),
     link: CancellationToken,
 ) {
     // The answer to a statement whose implicit transaction is not over yet.
