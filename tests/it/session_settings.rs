@@ -96,6 +96,29 @@ async fn a_reload_reaches_the_pooled_sessions_already_open_idle_and_in_use() {
     assert_eq!(pids(&both_sessions(&pool).await), pids(&before));
 }
 
+/// The read routes run on the same sessions, so they wait at most the claim's lock timeout too:
+/// an order read behind DDL's lock answers 503 after it, not after the lookup's deadline.
+#[tokio::test]
+async fn a_read_route_waits_the_sessions_lock_timeout_then_answers_503() {
+    let api = TestApi::start_with(&[("TOMBSTONED_API__CLAIM_LOCK_TIMEOUT", "1s")]).await;
+    let created = api.post(ALICE, "key-read", &order("req-read")).await;
+    let path = format!(
+        "/v1/orders/{}",
+        created.expect(201).json()["order_id"].as_str().unwrap()
+    );
+    let ddl = api.db.client().await;
+    ddl.batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let blocked = api.get(Some(ALICE), &path).await;
+    assert_eq!(blocked.expect(503).problem(), "database-unavailable");
+    assert!(api
+        .metrics_text()
+        .contains("tombstoned_db_errors_total{sqlstate_class=\"55\"} 1"));
+    ddl.batch_execute("ROLLBACK").await.unwrap();
+    api.get(Some(ALICE), &path).await.expect(200);
+}
+
 fn request(key: &str) -> ClaimRequest {
     let order = OrderRequest {
         request_id: format!("req-{key}"),
