@@ -1,7 +1,8 @@
 //! The protocol's decisions for one claim (docs/protocol.md): the owner attempt, the replay
 //! attempt in a new transaction, the duplicate-request lookup after 23505, and the mapping of
 //! every row and SQLSTATE to a [`ClaimOutcome`] or [`ClaimError`]. The statements are in
-//! [`super::sql`]; each attempt is one pipelined transaction ([`crate::db::pipeline`]).
+//! [`super::sql`]; each attempt is one round trip ([`crate::db::pipeline`]): the owner attempt
+//! its statement alone, the others a pipelined transaction.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,6 +1,8 @@
 //! The pipelined transaction, written once: `BEGIN; <settings>; <statement>; COMMIT` sent
-//! together, one round trip, as the claim, every cleanup batch and every relay statement run it
-//! (and [`alone`], the transaction of one statement that sets its own settings).
+//! together, one round trip, as every cleanup batch, every relay statement and the claim's rarer
+//! transactions run it — and the transaction of one statement: [`alone`] (a statement that sets
+//! its own settings) and [`in_session`] (a statement on a pooled session that carries them, the
+//! claim's owner attempt on a direct connection).
 //!
 //! tokio-postgres sends a request when its future is first polled, and `join!(biased; ...)`
 //! polls in the order written, so the order on the wire is the order here. Each request carries
