@@ -145,7 +145,12 @@ async fn query_opt(
         let class = db::classify(&e);
         db::discard(client);
         match class {
-            ErrorClass::Unavailable => LookupError::Unavailable(DbError::Query(e)),
+            // The API's sessions carry the claim's lock timeout (`db::pooled`): a lookup that
+            // waited that long for a table lock (DDL in progress) is as unanswerable right now
+            // as an unreachable database.
+            ErrorClass::Unavailable | ErrorClass::LockNotAvailable => {
+                LookupError::Unavailable(DbError::Query(e))
+            }
             _ => LookupError::Database(DbError::Query(e)),
         }
     })

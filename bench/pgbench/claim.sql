@@ -2,12 +2,13 @@
 --   cargo bench --bench scenarios -- --write-pgbench-scripts
 -- Do not edit: the benchmark and tests/it/bench_scripts.rs fail when this file drifts.
 --
--- A claim of a new key exactly as the API runs it (docs/api.md, "The SQL"): BEGIN, the
--- lock_timeout, claim_and_create, COMMIT, pipelined in one round trip. Needs -M prepared.
+-- A claim of a new key exactly as the API runs it on a direct connection (docs/api.md, "The
+-- SQL"): claim_and_create alone, one implicit transaction, on a session that carries the lock
+-- timeout (options -csearch_path=tombstoned -clock_timeout=2000ms). Needs -M prepared.
 -- The first query makes the new key and ids (pgbench cannot make strings; the API makes them
 -- in-process): one extra round trip that scenario 4 measures alone (uuids.sql) and reports.
--- Constants (-D): lock_timeout operation fingerprint amount_minor amount currency item quantity
--- recipient window_us metadata.
+-- Constants (-D): operation fingerprint amount_minor amount currency item quantity recipient
+-- window_us metadata.
 SELECT gen_random_uuid() AS key, gen_random_uuid() AS request_id,
        (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7'
         || substr(md5(random()::text), 1, 19))::uuid AS order_id,
@@ -15,9 +16,6 @@ SELECT gen_random_uuid() AS key, gen_random_uuid() AS request_id,
         || substr(md5(random()::text), 1, 19))::uuid AS event_id,
        'tenant-' || (:client_id % 16) / 4 AS tenant,
        'principal-' || (:client_id % 16) AS principal \gset
-\startpipeline
-BEGIN ISOLATION LEVEL READ COMMITTED;
-SELECT set_config('lock_timeout', :lock_timeout, true);
 WITH scope AS (
     SELECT scope_id FROM "tombstoned".idempotency_scopes
     WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation
@@ -67,5 +65,3 @@ FROM existing LEFT JOIN replay ON true
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE NOT EXISTS (SELECT FROM scope);
-COMMIT;
-\endpipeline

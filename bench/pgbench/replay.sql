@@ -3,17 +3,15 @@
 -- Do not edit: the benchmark and tests/it/bench_scripts.rs fail when this file drifts.
 --
 -- A replay exactly as the API runs it for an existing key inside its window: the claim
--- transaction, whose statement finds the key in its snapshot, inserts nothing and reads the
--- body FOR SHARE (asynchronous commit), pipelined in one round trip. Needs -M prepared.
+-- statement alone, one implicit transaction, which finds the key in its snapshot, inserts
+-- nothing and reads the body FOR SHARE, on a session that carries the lock timeout (options
+-- -csearch_path=tombstoned -clock_timeout=2000ms). Needs -M prepared.
 -- Keys of the replay set are decimal numbers (pgbench can only make integers); its records
 -- carry the fingerprint pgbench sends (-D fingerprint), as the API's replays carry theirs.
 -- Constants (-D): replay_keys tenant principal, and claim.sql's constants plus request_id,
 -- order_id and event_id (never inserted: the key exists).
 \set n random(1, :replay_keys)
 \set key 1000000000000000000 + :n
-\startpipeline
-BEGIN ISOLATION LEVEL READ COMMITTED;
-SELECT set_config('lock_timeout', :lock_timeout, true);
 WITH scope AS (
     SELECT scope_id FROM "tombstoned".idempotency_scopes
     WHERE tenant_id = :tenant AND principal_id = :principal AND operation = :operation
@@ -63,5 +61,3 @@ FROM existing LEFT JOIN replay ON true
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE NOT EXISTS (SELECT FROM scope);
-COMMIT;
-\endpipeline

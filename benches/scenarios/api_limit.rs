@@ -3,8 +3,9 @@
 //! Claims of new keys and replays of existing ones, at 16 and 32 concurrent clients: the Rust
 //! closed-loop generator over HTTP against `tombstoned serve` (pool size = the client count, so
 //! both sides use the same number of database connections), versus pgbench running the same
-//! transactions (`bench/pgbench/claim.sql`, `replay.sql`: the product's statements, pipelined
-//! like the API pipelines them) with `-M prepared` and the same connection count. Each
+//! transactions (`bench/pgbench/claim.sql`, `replay.sql`: the product's statement, sent alone on
+//! sessions carrying the lock timeout, as the API sends it on a direct connection) with
+//! `-M prepared` and the same connection count. Each
 //! (workload, clients) group runs on a fresh copy of the data (scenario 1's records plus a
 //! replay set pgbench can address) with a fresh daemon; API and pgbench alternate inside it.
 //!
@@ -69,6 +70,9 @@ pub struct Group {
     pub pgbench_statements: Vec<Vec<StatementStats>>,
     /// Claims only: pgbench running claim.sql's extra UUID query alone, tx/s.
     pub uuid_query_tps: Option<f64>,
+    /// Claims only: PostgreSQL's CPU µs per transaction of that query alone (what pgbench's
+    /// claim spends on top of the claim statement).
+    pub uuid_query_postgres_us: Option<f64>,
     /// Daemon memory right after start-up.
     pub idle: Memory,
     /// Daemon memory after the load (VmHWM = the peak).
@@ -110,8 +114,12 @@ pub async fn scenario4(bench: &mut Bench) -> Result<ScenarioResult> {
         let errors: u64 = g.api.iter().map(|r| r.error_count).sum::<u64>()
             + g.pgbench.iter().map(|r| r.failed).sum::<u64>();
         let adjusted = g.uuid_query_tps.map(|u| 1.0 / (1.0 / mp - 1.0 / u));
-        // Issue 28: claims and replays >= 0.8 x pgbench (issue 13 asked 0.9 of claims).
-        let floor = 0.8;
+        // Issue 28: claims >= 0.8 x pgbench (issue 13 asked 0.9); issue 41: replays >= 0.65 x
+        // (at 16 clients; 32 reported against the same bound).
+        let floor = match g.workload {
+            Workload::Claims => 0.8,
+            Workload::Replays => 0.65,
+        };
         rows.push(Row {
             scenario: 4,
             metric: format!("{name}: tx/s, API vs pgbench"),
@@ -165,10 +173,11 @@ pub async fn scenario4(bench: &mut Bench) -> Result<ScenarioResult> {
         } else {
             (String::new(), String::new())
         };
-        // Issue 28, target 2: what PostgreSQL spends per API replay against per pgbench replay
-        // of the same statements (the API's transaction has a Sync per statement, pgbench's
-        // pipeline one in all), with the calls per transaction pg_stat_statements counted (it does
-        // not count a prepared BEGIN or COMMIT again on each execution, so those are left out).
+        // Issue 41, target 2: what PostgreSQL spends per API replay (per claim) against per
+        // pgbench replay (claim) of the same statement, each the statement alone on sessions
+        // carrying the same settings; pgbench's claim without its UUID query (measured alone and
+        // subtracted). With the calls per transaction pg_stat_statements counted (it does not
+        // count a prepared BEGIN or COMMIT again on each execution, so those are left out).
         let pg_cpu = |spent: &[Spent], done: &[u64]| {
             median(
                 &spent
@@ -195,30 +204,30 @@ pub async fn scenario4(bench: &mut Bench) -> Result<ScenarioResult> {
         let pg_done: Vec<u64> = g.pgbench.iter().map(|r| r.transactions).collect();
         let (cpu_api, cpu_pg) = (
             pg_cpu(&g.api_cpu, &api_done),
-            pg_cpu(&g.pgbench_cpu, &pg_done),
+            pg_cpu(&g.pgbench_cpu, &pg_done) - g.uuid_query_postgres_us.unwrap_or(0.0),
         );
         let cpu_ratio = ratio(cpu_api, cpu_pg);
-        let (cpu_target, cpu_verdict) = if g.workload == Workload::Replays {
-            (
-                "<= 1.15".to_owned(),
-                check(
-                    &mut checks,
-                    4,
-                    &format!("{name}: PostgreSQL CPU per API replay <= 1.15 x pgbench's"),
-                    cpu_ratio,
-                    "<= 1.15",
-                    cpu_ratio <= 1.15,
-                    quick,
-                ),
-            )
-        } else {
-            (String::new(), String::new())
-        };
+        let (cpu_target, cpu_verdict) = (
+            "<= 1.10".to_owned(),
+            check(
+                &mut checks,
+                4,
+                &format!("{name}: PostgreSQL CPU per API request <= 1.10 x pgbench's"),
+                cpu_ratio,
+                "<= 1.10",
+                cpu_ratio <= 1.10,
+                quick,
+            ),
+        );
         rows.push(Row {
             scenario: 4,
             metric: format!(
-                "  {name}: PostgreSQL CPU µs per transaction, API vs pgbench \
+                "  {name}: PostgreSQL CPU µs per transaction, API vs pgbench{} \
                  (statements per transaction besides BEGIN/COMMIT {} / {})",
+                match g.uuid_query_postgres_us {
+                    Some(u) => format!(" without its UUID query ({} µs)", num(u, 0)),
+                    None => String::new(),
+                },
                 num(per_tx_statements(&g.api_statements, &api_done), 1),
                 num(per_tx_statements(&g.pgbench_statements, &pg_done), 1)
             ),
@@ -331,7 +340,10 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
     let duration = Duration::from_secs(bench.scale.s4_seconds);
     let (script, defines) = pgbench_args(bench, workload);
     let make = requests(bench, workload);
-    let uuid_query_tps = if workload == Workload::Claims {
+    let postmaster = cpu::postmaster_pid(bench.server.data_dir());
+    let sample = || cpu::Sample::take(postmaster, Some(daemon.pid));
+    let (uuid_query_tps, uuid_query_postgres_us) = if workload == Workload::Claims {
+        let before = sample();
         let r = pgbench::run(
             bench,
             &db,
@@ -341,9 +353,14 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
             &[],
         )
         .await?;
-        Some(r.tps)
+        tokio::time::sleep(SETTLE).await;
+        let spent = sample().since(&before);
+        (
+            Some(r.tps),
+            Some(spent.postgres * 1e6 / r.transactions.max(1) as f64),
+        )
     } else {
-        None
+        (None, None)
     };
     let mut api = Vec::new();
     let mut pg = Vec::new();
@@ -368,8 +385,6 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
             Ok(Vec::new())
         }
     };
-    let postmaster = cpu::postmaster_pid(bench.server.data_dir());
-    let sample = || cpu::Sample::take(postmaster, Some(daemon.pid));
     for rep in 0..bench.scale.reps {
         let api_first = rep % 2 == 0;
         for run_api in [api_first, !api_first] {
@@ -448,6 +463,7 @@ async fn group(bench: &Bench, template: &str, workload: Workload, clients: usize
         api_statements,
         pgbench_statements,
         uuid_query_tps,
+        uuid_query_postgres_us,
         idle,
         after,
         idle_after_load,

@@ -6,13 +6,15 @@
 //!
 //! It runs as a process of its own, so its CPU is read from `/proc` like the daemon's: the
 //! `scenarios` binary re-executes itself with [`SERVE_FLAG`] ([`Floor::start`]) and becomes the
-//! server ([`serve_main`]). It opens `--connections` PostgreSQL sessions at start-up, prepares
-//! `claim::sql::{BEGIN, SET_LOCK_TIMEOUT, CLAIM_AND_CREATE, COMMIT}` on each (the daemon's texts,
-//! schema rendered by `db::sql::qualify`, the daemon's parameter types), and hands them to
+//! server ([`serve_main`]). It opens `--connections` PostgreSQL sessions at start-up, gives each
+//! the settings the daemon's pooled sessions carry (`db::sql::SET_SESSION_SETTINGS`: READ
+//! COMMITTED and the lock timeout), prepares `claim::sql::CLAIM_AND_CREATE` on each (the daemon's
+//! text, schema rendered by `db::sql::qualify`, the daemon's parameter types), and hands them to
 //! accepted HTTP connections in turn; the load generators keep one keep-alive connection per
 //! client, so with as many sessions as clients each connection has a session to itself (a mutex
-//! per session keeps a shared one correct, uncontended otherwise). Each request is one pipelined
-//! transaction, sent like `db::pipeline` sends it (`tokio::join!(biased; ...)` of the four).
+//! per session keeps a shared one correct, uncontended otherwise). Each request is the statement
+//! alone, one implicit transaction, as the daemon sends it on a direct connection
+//! (`db::pipeline::in_session`).
 //!
 //! It answers only what the benchmark sends: 201 with the stored body for a claim that created
 //! the order and for a replay (`Idempotent-Replayed: true`), `Content-Type` and `Location` as the
@@ -114,13 +116,10 @@ fn default_currency() -> String {
     "CNY".to_owned()
 }
 
-/// One PostgreSQL session and the four statements prepared on it.
+/// One PostgreSQL session, carrying the claim's settings, and the claim statement prepared on it.
 struct Session {
     client: Client,
-    begin: Statement,
-    settings: Statement,
     claim: Statement,
-    commit: Statement,
     /// Held while a transaction is on the wire: a session serves one request at a time.
     turn: tokio::sync::Mutex<()>,
     /// `retention.replay_window` (the default) in microseconds, as the daemon sends it.
@@ -137,21 +136,21 @@ impl Session {
                 eprintln!("floor: PostgreSQL connection: {e}");
             }
         });
-        let text = |template| tombstoned::db::sql::qualify(template, schema);
-        let begin = client.prepare_typed(text(sql::BEGIN), &[]).await?;
-        let settings = client
-            .prepare_typed(text(sql::SET_LOCK_TIMEOUT), &[Type::TEXT])
+        client
+            .execute_typed(
+                tombstoned::db::sql::SET_SESSION_SETTINGS,
+                &[(&LOCK_TIMEOUT, Type::TEXT)],
+            )
             .await?;
         let claim = client
-            .prepare_typed(text(sql::CLAIM_AND_CREATE), &CLAIM_TYPES)
+            .prepare_typed(
+                tombstoned::db::sql::qualify(sql::CLAIM_AND_CREATE, schema),
+                &CLAIM_TYPES,
+            )
             .await?;
-        let commit = client.prepare_typed(text(sql::COMMIT), &[]).await?;
         Ok(Session {
             client,
-            begin,
-            settings,
             claim,
-            commit,
             turn: tokio::sync::Mutex::new(()),
             window_micros: WINDOW_US.parse().context("WINDOW_US")?,
         })
@@ -236,7 +235,7 @@ async fn answer(session: &Session, request: Request<Incoming>) -> Response<Full<
     }
 }
 
-/// `POST /v1/orders`: one pipelined transaction, the stored body back.
+/// `POST /v1/orders`: the claim statement alone, the stored body back.
 async fn create_order(
     session: &Session,
     request: Request<Incoming>,
@@ -286,20 +285,10 @@ async fn create_order(
         &event_id,
         &order.metadata,
     ];
-    let client = &session.client;
     let turn = session.turn.lock().await;
-    let (begin, settings, rows, commit) = tokio::join!(
-        biased;
-        client.execute(&session.begin, &[]),
-        client.execute(&session.settings, &[&LOCK_TIMEOUT]),
-        client.query(&session.claim, &params),
-        client.execute(&session.commit, &[]),
-    );
+    let rows = session.client.query(&session.claim, &params).await;
     drop(turn);
-    begin?;
-    settings?;
     let rows = rows?;
-    commit?;
     let row = rows.first().context("the claim returned no row")?;
     // CLAIM_RESULT_COLUMNS: created, body, order_id, fingerprint, expired, past_deadline,
     // status_code.

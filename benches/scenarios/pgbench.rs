@@ -34,9 +34,12 @@ pub async fn run(
 ) -> Result<PgbenchResult> {
     let dir = tempfile::tempdir()?;
     let prefix = dir.path().join("tx");
+    // The sessions carry what the API's carry (the claim alone takes its lock timeout from its
+    // session); the SQL API's scripts need the search path.
     let conninfo = format!(
-        "{} application_name=pgbench options=-csearch_path=tombstoned",
-        bench.server.url(db)
+        "{} application_name=pgbench options='{}'",
+        bench.server.url(db),
+        tombstoned_testkit::pgbench_scripts::session_options()
     );
     let mut command = tokio::process::Command::new(&bench.server.pgbench);
     command

@@ -68,7 +68,7 @@ impl Keys {
 /// The API version the seeded fingerprints were computed for (the default).
 pub const API_VERSION: &str = "2026-12-01";
 /// `api.claim_lock_timeout` (default) as the API sends it (pgbench's claims and the floor's).
-pub const LOCK_TIMEOUT: &str = "2000ms";
+pub use tombstoned_testkit::pgbench_scripts::LOCK_TIMEOUT;
 /// `retention.replay_window` (default 24 h) in microseconds, as the API sends it.
 pub const WINDOW_US: &str = "86400000000";
 /// Replay window of the seeded records (the default 24 h): `created_at = deadline - window`.

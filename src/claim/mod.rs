@@ -4,24 +4,38 @@
 //!
 //! # The transactions, as PostgreSQL sees them
 //!
-//! Owner attempt — one round trip: the four messages are pipelined on one connection.
+//! Owner attempt, on a direct connection (or through a session pooler) — **one statement in one
+//! implicit transaction**: one Bind, Execute and Sync of the statement prepared on the pooled
+//! session, and the server commits at that Sync. READ COMMITTED and the lock timeout are the
+//! session's own settings ([`crate::db::pooled`]), set when the pool opens the session and again
+//! before its next statement after a reload changed them; the claim checks its session carries
+//! the ones it runs with ([`crate::db::pipeline::in_session`]: a comparison, as a rule).
 //!
 //! ```sql
-//! BEGIN ISOLATION LEVEL READ COMMITTED;
-//! SELECT set_config('lock_timeout', $1, true);      -- api.claim_lock_timeout, transaction-local
-//! <CLAIM_AND_CREATE or CLAIM_REJECTED>               -- one statement, see below
-//! COMMIT;                                            -- ends as ROLLBACK if the statement failed
+//! -- once per pooled session (and after a reload of api.claim_lock_timeout):
+//! SELECT set_config('lock_timeout', $1, false),      -- api.claim_lock_timeout
+//!        set_config('default_transaction_isolation', 'read committed', false);
+//! -- each owner attempt:
+//! <CLAIM_AND_CREATE or CLAIM_REJECTED>               -- alone: committed at its Sync, or rolled back
 //! ```
 //!
-//! Behind a transaction pooler (`database.pooler = "transaction"`) the owner attempt is one
-//! statement instead, [`sql::CALL_CLAIM_AND_CREATE`] (or [`sql::CALL_CLAIM_REJECTED`]): the same
-//! statement run by its function (migration V6), whose plan PL/pgSQL keeps for the server
-//! connection where no named statement may stay ([`sql::claim_and_create`] chooses, and says
-//! why). The function checks READ COMMITTED and sets the lock timeout itself, so the call is sent
-//! alone, an implicit transaction: one round trip and one server-connection assignment in the
-//! pooler. Under a server default of another isolation level it refuses (TS005, nothing done)
-//! and the call runs inside `BEGIN ISOLATION LEVEL READ COMMITTED ... COMMIT`. Everything below
-//! holds for both shapes.
+//! The answer is read to its ReadyForQuery, which the server sends only once the implicit
+//! transaction has committed: a commit that fails is the claim's error, and a connection lost
+//! after the statement was sent is "outcome unknown" (`tests/it/api_commit_loss.rs` cuts at that
+//! Sync, both ways). A 55P03 rolls the implicit transaction back and leaves the session's
+//! settings as they were: nothing to restore before the connection goes back to the pool. The
+//! owner's commit is as durable as before: tombstoned never sets `synchronous_commit` on a
+//! session, so it is the server's.
+//!
+//! Behind a transaction pooler (`database.pooler = "transaction"`) nothing may stay set on a
+//! session, and the owner attempt is [`sql::CALL_CLAIM_AND_CREATE`] (or
+//! [`sql::CALL_CLAIM_REJECTED`]): the same statement run by its function (migration V6), whose
+//! plan PL/pgSQL keeps for the server connection where no named statement may stay
+//! ([`sql::claim_and_create`] chooses, and says why). The function checks READ COMMITTED and sets
+//! the lock timeout itself, transaction-locally, so the call too is sent alone, an implicit
+//! transaction: one round trip and one server-connection assignment in the pooler. Under a server
+//! default of another isolation level it refuses (TS005, nothing done) and the call runs inside
+//! `BEGIN ISOLATION LEVEL READ COMMITTED ... COMMIT`. Everything below holds for both shapes.
 //!
 //! [`sql::CLAIM_AND_CREATE`] inserts the idempotency record with `ON CONFLICT (scope, key) DO
 //! NOTHING`, and, in data-modifying CTEs that read the claim's `RETURNING`, the order and its
@@ -72,7 +86,12 @@
 //! The replay transaction commits asynchronously: its only write is the transient lock marker
 //! (which is also what gives it a transaction id and a commit record), nothing durable depends
 //! on it, and the body it sends was made durable by the owner's synchronous commit before any
-//! other transaction could see it. So a replay does not wait for a WAL flush.
+//! other transaction could see it. So a replay does not wait for a WAL flush. It stays an
+//! explicit transaction, pipelined, on every connection: asynchronous commit is chosen there,
+//! transaction-locally, where a statement alone could only take the session's
+//! `synchronous_commit` — which is the owner's, and stays the server's. It runs only after a wait
+//! on an in-flight owner or for a record that changed after the claim's snapshot, so its three
+//! extra Syncs are rare (BENCHMARKS.md, Round 4, has what either shape costs).
 //!
 //! The response body is sent exactly as PostgreSQL returns `response_body::text`, so the first
 //! response and every replay are byte-for-byte identical.
@@ -125,6 +144,14 @@ pub const STATEMENT_ALLOWANCE: Duration = Duration::from_secs(3);
 impl ClaimSettings {
     fn lock_timeout_setting(&self) -> String {
         db::sql::duration_setting(self.lock_timeout)
+    }
+
+    /// What the API's pooled sessions carry session-wide for the owner attempt on a direct
+    /// connection: READ COMMITTED and [`ClaimSettings::lock_timeout`] (`db::pool_carrying`).
+    pub fn session_settings(&self) -> db::SessionSettings {
+        db::SessionSettings {
+            lock_timeout: self.lock_timeout,
+        }
     }
 
     /// The client-side bound on one claim once it holds a connection: an owner attempt and a

@@ -1,7 +1,8 @@
 //! The protocol's decisions for one claim (docs/protocol.md): the owner attempt, the replay
 //! attempt in a new transaction, the duplicate-request lookup after 23505, and the mapping of
 //! every row and SQLSTATE to a [`ClaimOutcome`] or [`ClaimError`]. The statements are in
-//! [`super::sql`]; each attempt is one pipelined transaction ([`crate::db::pipeline`]).
+//! [`super::sql`]; each attempt is one round trip ([`crate::db::pipeline`]): the owner attempt
+//! its statement alone, the others a pipelined transaction.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -15,7 +16,7 @@ use super::{
 };
 use crate::db::pipeline::{self, PipelineFailure, Pipelined};
 use crate::db::statement::types_of;
-use crate::db::{self, Conn, DbError, ErrorClass, Param};
+use crate::db::{self, Conn, DbError, ErrorClass, Param, SessionSettings};
 
 /// `commit_sent` is true while an owner attempt (its COMMIT included) is in flight: if the
 /// caller's deadline expires then, the claim may have committed (outcome unknown).
@@ -26,13 +27,14 @@ pub(super) async fn claim_on(
     commit_sent: &AtomicBool,
 ) -> Result<ClaimOutcome, ClaimError> {
     let lock_timeout = settings.lock_timeout_setting();
+    let session = settings.session_settings();
     let window = settings.replay_window_micros();
     let mut scope_ensured = false;
     let mut attempt = 0;
     while attempt < MAX_CLAIM_ATTEMPTS {
         attempt += 1;
         commit_sent.store(true, Ordering::Release);
-        let owned_or_not = owner_attempt(client, &lock_timeout, window, req).await;
+        let owned_or_not = owner_attempt(client, session, &lock_timeout, window, req).await;
         commit_sent.store(false, Ordering::Release);
         match owned_or_not {
             Ok(Some(row)) => {
@@ -233,6 +235,7 @@ async fn in_transaction(
 
 async fn owner_attempt(
     client: &Conn<'_>,
+    session: SessionSettings,
     lock_timeout: &str,
     window_micros: i64,
     req: &ClaimRequest,
@@ -248,6 +251,7 @@ async fn owner_attempt(
             claim_statement(
                 client,
                 sql::claim_and_create(client.pooler()),
+                session,
                 lock_timeout,
                 &[
                     &req.tenant,
@@ -276,6 +280,7 @@ async fn owner_attempt(
             claim_statement(
                 client,
                 sql::claim_rejected(client.pooler()),
+                session,
                 lock_timeout,
                 &[
                     &req.tenant,
@@ -295,9 +300,11 @@ async fn owner_attempt(
     Ok(rows.into_iter().next())
 }
 
-/// The owner attempt's transaction. With named statements (direct connections, session
-/// poolers): `BEGIN; SET_LOCK_TIMEOUT; <statement>; COMMIT`, pipelined, the statement taking all
-/// of `params` but the last (the lock timeout, which the settings statement sets). Through a
+/// The owner attempt's transaction. On a session that keeps session state (a direct connection,
+/// a session pooler) the statement alone, an implicit transaction: the session carries READ
+/// COMMITTED and the lock timeout ([`pipeline::in_session`]), so the statement takes all of
+/// `params` but the last (the lock timeout) and is one Bind/Execute/Sync — the server commits at
+/// that Sync, and the answer is read to its ReadyForQuery, after the commit. Through a
 /// transaction pooler the statement is its function's call, which checks READ COMMITTED and sets
 /// the lock timeout itself (`params`' last): sent alone, it is the whole transaction — one round
 /// trip and one server-connection assignment in the pooler. Under a server whose default
@@ -306,19 +313,13 @@ async fn owner_attempt(
 async fn claim_statement(
     client: &Conn<'_>,
     statement: &'static str,
+    session: SessionSettings,
     lock_timeout: &str,
     params: &[&dyn Param],
 ) -> Result<Vec<Row>, PipelineFailure> {
-    if client.pooler().keeps_prepared_statements() {
+    if client.pooler().keeps_session_state() {
         let statement_params = params.split_last().map_or(params, |(_, rest)| rest);
-        return in_transaction(
-            client,
-            sql::SET_LOCK_TIMEOUT,
-            statement,
-            lock_timeout,
-            statement_params,
-        )
-        .await;
+        return pipeline::in_session(client, session, statement, statement_params).await;
     }
     match pipeline::alone(client, statement, params).await {
         Err(failure) if db::classify(&failure.error) == ErrorClass::WrongIsolation => {

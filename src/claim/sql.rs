@@ -113,8 +113,11 @@ WHERE NOT EXISTS (SELECT FROM scope)"
 pub const BEGIN: &str = crate::db::sql::BEGIN_READ_COMMITTED;
 
 /// `$1` = `api.claim_lock_timeout` in milliseconds, e.g. `'2000ms'`. Transaction-local: when
-/// the connection goes back to the pool nothing needs restoring.
-pub const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+/// the connection goes back to the pool nothing needs restoring. The explicit transactions set it
+/// (the first claim of a scope, the read while the database refuses writes, the function's call
+/// run again under another default isolation); the owner attempt on a direct connection runs
+/// alone and takes it from its session ([`crate::db::sql::SET_SESSION_SETTINGS`]).
+pub const SET_LOCK_TIMEOUT: &str = crate::db::sql::SET_LOCAL_LOCK_TIMEOUT;
 
 /// Claim the key and, only if this transaction now owns it, create the order and its outbox
 /// event — one statement.

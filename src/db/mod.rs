@@ -24,7 +24,7 @@ pub use error::{
     classify, sqlstate_class, violated_constraint, DbError, ErrorClass, LEASE_LOST, WRONG_ISOLATION,
 };
 pub use error_text::error_text;
-pub use pooled::{Object, Pool, PooledSession};
+pub use pooled::{Object, Pool, PooledSession, SessionSettings};
 pub use pooler::Pooler;
 pub use session::Session;
 pub use settings::{DatabaseConfig, DatabaseUrl};
@@ -107,12 +107,38 @@ pub fn connection_summary(db: &DatabaseConfig) -> Vec<String> {
 
 /// Builds a pool of at most `size` sessions; waiting for a free session is bounded by `wait`,
 /// opening one by the time it takes to try every host (hosts x connect timeout). Connections
-/// are opened lazily, so building never touches the network.
+/// are opened lazily, so building never touches the network. Its sessions carry no settings of
+/// their own until a caller gives them some ([`PooledSession::carry`]).
 pub fn pool(
     db: &DatabaseConfig,
     purpose: &str,
     size: usize,
     wait: Duration,
+) -> Result<Pool, DbError> {
+    build_pool(db, purpose, size, wait, None)
+}
+
+/// [`pool`] whose every session carries `settings` session-wide from the moment it opens (and
+/// the pool's new settings from its first checkout after
+/// [`pooled::SessionManager::set_session_settings`]). Through a transaction pooler
+/// (`database.pooler = "transaction"`) nothing is set on a session: it is [`pool`].
+pub fn pool_carrying(
+    db: &DatabaseConfig,
+    purpose: &str,
+    size: usize,
+    wait: Duration,
+    settings: SessionSettings,
+) -> Result<Pool, DbError> {
+    let settings = db.pooler.keeps_session_state().then_some(settings);
+    build_pool(db, purpose, size, wait, settings)
+}
+
+fn build_pool(
+    db: &DatabaseConfig,
+    purpose: &str,
+    size: usize,
+    wait: Duration,
+    session_settings: Option<SessionSettings>,
 ) -> Result<Pool, DbError> {
     let connector = connector(db, purpose);
     // A little over the connector's own bound, so its error (which names each host's
@@ -128,6 +154,7 @@ pub fn pool(
             // broken connection marks it closed, so the next checkout opens a fresh one.
             recycling_method: RecyclingMethod::Fast,
         },
+        session_settings,
     );
     Pool::builder(manager)
         .max_size(size)

@@ -1,6 +1,8 @@
 //! The pipelined transaction, written once: `BEGIN; <settings>; <statement>; COMMIT` sent
-//! together, one round trip, as the claim, every cleanup batch and every relay statement run it
-//! (and [`alone`], the transaction of one statement that sets its own settings).
+//! together, one round trip, as every cleanup batch, every relay statement and the claim's rarer
+//! transactions run it — and the transaction of one statement: [`alone`] (a statement that sets
+//! its own settings) and [`in_session`] (a statement on a pooled session that carries them, the
+//! claim's owner attempt on a direct connection).
 //!
 //! tokio-postgres sends a request when its future is first polled, and `join!(biased; ...)`
 //! polls in the order written, so the order on the wire is the order here. Each request carries
@@ -31,6 +33,7 @@ use std::future::Future;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
 
+use super::pooled::SessionSettings;
 use super::sql;
 use super::statement::{types_of, Conn, Param, Ready};
 
@@ -258,6 +261,38 @@ pub async fn alone(
     conn.query(statement, params)
         .await
         .map_err(PipelineFailure::sent)
+}
+
+/// A transaction of one statement, implicit, on a session that carries `settings` session-wide
+/// (READ COMMITTED and the lock timeout, [`Conn::carry`]: given once, when the pool opened the
+/// session or after they changed): the statement is sent alone, [`alone`] — one Bind, Execute
+/// and Sync on a named statement, one round trip, and the server commits at that Sync. Its
+/// rows; as with [`alone`], a failure once the statement has gone out counts as sent. On a
+/// session that carries nothing between statements (a dedicated one, or any through a
+/// transaction pooler, where no setting may stay on a session) the settings are made
+/// transaction-local instead, in the pipelined transaction ([`query`]).
+pub async fn in_session(
+    conn: &Conn<'_>,
+    settings: SessionSettings,
+    statement: &'static str,
+    params: &[&dyn Param],
+) -> Result<Vec<Row>, PipelineFailure> {
+    if conn
+        .carry(settings)
+        .await
+        .map_err(PipelineFailure::unsent)?
+    {
+        return alone(conn, statement, params).await;
+    }
+    let lock_timeout = sql::duration_setting(settings.lock_timeout);
+    query(
+        conn,
+        sql::SET_LOCAL_LOCK_TIMEOUT,
+        &[&lock_timeout],
+        statement,
+        params,
+    )
+    .await
 }
 
 /// [`query`], for a statement that returns exactly one row.

@@ -1,5 +1,6 @@
 //! The pooled sessions of the API (and of the readiness probe): deadpool-postgres's client, with
-//! the statements prepared on it kept beside it and found by their text's address.
+//! the statements prepared on it kept beside it and found by their text's address, and the
+//! settings it carries session-wide.
 //!
 //! deadpool-postgres's own statement cache keys each lookup by the statement's whole text and
 //! parameter types, hashed with SipHash: for the claim statement (~2 kB) that was ~11 k of the
@@ -9,13 +10,26 @@
 //! short list compared by address (by content only when two copies of one text differ in
 //! address), behind a lock only one task at a time ever takes: a pooled session is checked out
 //! by one request.
+//!
+//! **Session settings.** On a direct connection (or through a session pooler) the claim is one
+//! statement sent alone, an implicit transaction, so what its transaction needs — READ COMMITTED
+//! and the claim's lock timeout — is set on the session ([`SessionSettings`],
+//! [`super::sql::SET_SESSION_SETTINGS`]): when the pool opens it, again at the first checkout
+//! after the pool's settings changed (a reload: [`SessionManager::set_session_settings`]), and
+//! by whoever needs others before its statement ([`PooledSession::carry`]). Each session
+//! remembers what it carries, so in the usual case that is a comparison, not a round trip.
+//! Through a transaction pooler nothing is set on a session: its next transaction may run on a
+//! server connection shared with other clients.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
-use deadpool::managed::{self, Metrics, RecycleResult};
+use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use deadpool_postgres::ClientWrapper;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Error, Statement};
+
+use super::sql::{duration_setting, SET_SESSION_SETTINGS};
 
 /// A pool of [`PooledSession`]s.
 pub type Pool = managed::Pool<SessionManager>;
@@ -29,8 +43,12 @@ pub type Object = managed::Object<SessionManager>;
 pub struct SessionManager {
     manager: deadpool_postgres::Manager,
     /// The recycling method discards the session's state (`DISCARD ALL`), prepared statements
-    /// included.
+    /// and settings included.
     recycling_discards: bool,
+    /// What every session carries session-wide, applied when it opens and at its first checkout
+    /// after a change; `None`: nothing (a transaction pooler, or a pool whose users set
+    /// nothing).
+    session_settings: Option<RwLock<SessionSettings>>,
 }
 
 impl SessionManager {
@@ -38,6 +56,7 @@ impl SessionManager {
         pg_config: tokio_postgres::Config,
         connect: impl deadpool_postgres::Connect + 'static,
         config: deadpool_postgres::ManagerConfig,
+        session_settings: Option<SessionSettings>,
     ) -> Self {
         // A custom recycling statement may discard too: forget ours then, to be safe (they are
         // prepared again under new names).
@@ -49,7 +68,24 @@ impl SessionManager {
         SessionManager {
             manager: deadpool_postgres::Manager::from_connect(pg_config, connect, config),
             recycling_discards,
+            session_settings: session_settings.map(RwLock::new),
         }
+    }
+
+    /// From now on every session carries `settings`: each session opened is given them, and
+    /// each one already open — idle or in use — is given them at its next checkout, before its
+    /// next statement. Nothing when the pool sets nothing on its sessions.
+    pub fn set_session_settings(&self, settings: SessionSettings) {
+        if let Some(slot) = &self.session_settings {
+            *slot.write().unwrap_or_else(PoisonError::into_inner) = settings;
+        }
+    }
+
+    /// What every session is to carry, if anything.
+    pub fn session_settings(&self) -> Option<SessionSettings> {
+        self.session_settings
+            .as_ref()
+            .map(|slot| *slot.read().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -58,10 +94,15 @@ impl managed::Manager for SessionManager {
     type Error = Error;
 
     async fn create(&self) -> Result<PooledSession, Error> {
-        Ok(PooledSession {
+        let session = PooledSession {
             client: self.manager.create().await?,
             prepared: Prepared::default(),
-        })
+            carried: Mutex::new(None),
+        };
+        if let Some(settings) = self.session_settings() {
+            session.carry(settings).await?;
+        }
+        Ok(session)
     }
 
     async fn recycle(
@@ -72,8 +113,16 @@ impl managed::Manager for SessionManager {
         let recycled = self.manager.recycle(&mut session.client, metrics).await;
         if self.recycling_discards {
             session.prepared.clear();
+            session.forget_settings();
         }
-        recycled
+        recycled?;
+        if let Some(settings) = self.session_settings() {
+            session
+                .carry(settings)
+                .await
+                .map_err(RecycleError::Backend)?;
+        }
+        Ok(())
     }
 
     fn detach(&self, session: &mut PooledSession) {
@@ -81,16 +130,52 @@ impl managed::Manager for SessionManager {
     }
 }
 
-/// One pooled session: the driver's client and the statements prepared on it.
+/// The settings a pooled session carries session-wide ([`super::sql::SET_SESSION_SETTINGS`]):
+/// READ COMMITTED, and this lock timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionSettings {
+    /// `lock_timeout`.
+    pub lock_timeout: Duration,
+}
+
+/// One pooled session: the driver's client, the statements prepared on it and the settings it
+/// carries.
 pub struct PooledSession {
     client: ClientWrapper,
     prepared: Prepared,
+    /// What was set on the session, as the server confirmed it (`None`: nothing yet).
+    carried: Mutex<Option<SessionSettings>>,
 }
 
 impl PooledSession {
     /// The statements prepared on this session.
     pub fn prepared(&self) -> &Prepared {
         &self.prepared
+    }
+
+    /// The settings this session carries, if it was given any.
+    pub fn carried(&self) -> Option<SessionSettings> {
+        *self.carried.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the session carry `settings`: nothing to do when it already does (the usual case),
+    /// otherwise [`super::sql::SET_SESSION_SETTINGS`] sent alone, one round trip, and noted once
+    /// the server has committed it. A session that does not answer is left as it was noted, so
+    /// the next caller sends the settings again.
+    pub async fn carry(&self, settings: SessionSettings) -> Result<(), Error> {
+        if self.carried() == Some(settings) {
+            return Ok(());
+        }
+        let lock_timeout = duration_setting(settings.lock_timeout);
+        self.client
+            .execute_typed(SET_SESSION_SETTINGS, &[(&lock_timeout, Type::TEXT)])
+            .await?;
+        *self.carried.lock().unwrap_or_else(PoisonError::into_inner) = Some(settings);
+        Ok(())
+    }
+
+    fn forget_settings(&self) {
+        *self.carried.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 

@@ -3,9 +3,12 @@
 //! transactions. Also how the symptom of a transaction-mode pooler configured as `"none"` is
 //! recognised (by SQLSTATE) so that the error names the setting.
 //!
-//! Whatever the setting, nothing is sent as a startup `options` parameter and no setting is left
-//! on a session: statements name the schema ([`super::sql::qualify`]) and every setting a
-//! statement needs is transaction-local (`set_config(..., true)` inside its transaction).
+//! Whatever the setting, nothing is sent as a startup `options` parameter, and statements name
+//! the schema ([`super::sql::qualify`]). Through a transaction pooler no setting is left on a
+//! session: every setting a statement needs is transaction-local (`set_config(..., true)` inside
+//! its transaction). Where a session is the daemon's from connect to close (`none`, `session`),
+//! the API's pooled sessions carry the claim's READ COMMITTED and lock timeout session-wide
+//! ([`super::pooled`]), so the claim is one statement; everything else stays transaction-local.
 
 use std::fmt;
 

@@ -33,9 +33,24 @@ pub const PING: &str = "SELECT 1";
 /// Ends a transaction; a ROLLBACK when a statement in it failed.
 pub const COMMIT: &str = "COMMIT";
 
+/// The transaction's `lock_timeout` (`is_local = true`: it ends with the transaction), `$1` as
+/// [`duration_setting`] renders it.
+pub const SET_LOCAL_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+
 /// The transaction's `statement_timeout` (`is_local = true`: it ends with the transaction, so
 /// nothing is left on a session a pooler hands on), `$1` as [`duration_setting`] renders it.
 pub const SET_LOCAL_STATEMENT_TIMEOUT: &str = "SELECT set_config('statement_timeout', $1, true)";
+
+/// The settings a pooled API session carries session-wide on a direct connection (or through a
+/// session pooler), so that a statement sent alone — its own implicit transaction — runs the way
+/// the claim's transaction must: READ COMMITTED whatever the server's, the database's or the
+/// role's default, and with `api.claim_lock_timeout` (`$1`, as [`duration_setting`] renders it).
+/// Sent alone, so it commits at its own Sync and holds until the session ends or sets them again
+/// (inside an explicit transaction a rollback would undo it). Never through a transaction pooler,
+/// where the next transaction may run on a server connection shared with other clients
+/// (`super::pooled::SessionSettings`).
+pub const SET_SESSION_SETTINGS: &str = "SELECT set_config('lock_timeout', $1, false), \
+set_config('default_transaction_isolation', 'read committed', false)";
 
 /// A duration as a timeout setting's value: whole milliseconds, at least 1 (`"5000ms"`), since 0
 /// would mean "no bound". Configuration keeps timeouts within what PostgreSQL accepts.

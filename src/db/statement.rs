@@ -21,7 +21,7 @@
 //! parameter tombstoned uses is a built-in type (text, integers, bool, bytea, uuid, uuid[],
 //! timestamptz, int4[], float8[], jsonb); the pooler tests check `pg_prepared_statements` on every server connection.
 
-use super::pooled::{PooledSession, Prepared};
+use super::pooled::{PooledSession, Prepared, SessionSettings};
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
@@ -120,6 +120,9 @@ pub struct Conn<'a> {
     schema: &'a str,
     pooler: Pooler,
     naming: Naming<'a>,
+    /// The pooled session, when it may carry settings session-wide (not through a transaction
+    /// pooler).
+    session: Option<&'a PooledSession>,
 }
 
 impl<'a> Conn<'a> {
@@ -136,6 +139,7 @@ impl<'a> Conn<'a> {
             schema,
             pooler,
             naming,
+            session: pooler.keeps_session_state().then_some(session),
         }
     }
 
@@ -152,6 +156,7 @@ impl<'a> Conn<'a> {
             schema,
             pooler,
             naming,
+            session: None,
         }
     }
 
@@ -169,6 +174,17 @@ impl<'a> Conn<'a> {
     /// texts picks by it: the claim, `crate::claim::sql::claim_and_create`).
     pub fn pooler(&self) -> Pooler {
         self.pooler
+    }
+
+    /// Makes the session carry `settings` session-wide ([`PooledSession::carry`]: usually a
+    /// comparison). `false`: this session carries nothing between statements — a dedicated
+    /// session, or any through a transaction pooler — and the caller sets what it needs inside
+    /// its transaction instead.
+    pub async fn carry(&self, settings: SessionSettings) -> Result<bool, tokio_postgres::Error> {
+        match self.session {
+            Some(session) => session.carry(settings).await.map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// `template` with the schema named: the text sent.

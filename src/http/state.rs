@@ -63,17 +63,19 @@ impl std::fmt::Debug for ApiState {
 
 impl ApiState {
     /// Builds the pool (`database.pool_size` connections, opened lazily; a request waits at most
-    /// `database.connect_timeout` for one) and loads the tokens file.
+    /// `database.connect_timeout` for one; each carries the claim's session settings,
+    /// [`ClaimSettings::session_settings`]) and loads the tokens file.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<ApiState, ApiError> {
-        let pool = db::pool(
+        let live = build_live(config, None)?;
+        let pool = db::pool_carrying(
             &config.database,
             "api",
             config.database.pool_size,
             config.database.connect_timeout,
+            live.claim.session_settings(),
         )
         .map_err(ApiError::Pool)?;
         metrics.observe_pool(&pool);
-        let live = build_live(config, None)?;
         // Every documented (route, method, status) exists at 0 from the first scrape on, so that
         // the first 429 or 503 after a start shows in rate() and increase() (a series that
         // appears at 1 looks like no increase).
@@ -130,6 +132,13 @@ impl ApiState {
             // A panic while holding the lock cannot leave a half-written Arc: take it over.
             Err(poisoned) => poisoned.into_inner(),
         };
+        // Every pooled session, idle or in use, carries the new lock timeout before its next
+        // statement (at its next checkout); a claim also makes its own session carry the
+        // settings it runs with, should a request straddle the reload.
+        self.inner
+            .pool
+            .manager()
+            .set_session_settings(live.claim.session_settings());
         *slot = Arc::new(live);
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! The pgbench scripts of scenario 4 (`bench/pgbench/*.sql`), generated from the product's own
 //! statements (`tombstoned::claim::sql`) so pgbench runs the very same SQL transactions as the
 //! API: the statement texts verbatim, each `$n` replaced by a pgbench variable, and the same
-//! pipelining (BEGIN; set lock_timeout; the statement; COMMIT in one round trip).
+//! shape — the claim statement alone, one implicit transaction, on sessions that carry the lock
+//! timeout ([`SESSION_OPTIONS`]) and the server's READ COMMITTED, as the API's pooled sessions
+//! carry them (`tombstoned::db::pooled`).
 //!
 //! The files are kept in the repository; the benchmark refuses to run when they differ from what
 //! this module generates, and so does `tests/it/bench_scripts.rs`.
@@ -35,8 +37,16 @@ const CLAIM_PARAMS: [&str; 16] = [
     "metadata",
 ];
 
-/// `set_lock_timeout`'s parameter.
-const LOCK_PARAMS: [&str; 1] = ["lock_timeout"];
+/// `api.claim_lock_timeout` (the default) as the API sends it: pgbench's, the floor's and the
+/// benchmark daemon's.
+pub const LOCK_TIMEOUT: &str = "2000ms";
+
+/// What pgbench's sessions carry, as the API's pooled sessions do (`db::sql::SET_SESSION_SETTINGS`):
+/// [`LOCK_TIMEOUT`], as a libpq `options` value (with `search_path`, which the SQL API scripts
+/// need). READ COMMITTED is the benchmark server's default.
+pub fn session_options() -> String {
+    format!("-csearch_path={SCHEMA} -clock_timeout={LOCK_TIMEOUT}")
+}
 
 /// Where the decimal keys of the replay set start (`seed::DECIMAL_KEY_BASE`).
 pub const DECIMAL_KEY_BASE: i64 = 1_000_000_000_000_000_000;
@@ -72,15 +82,12 @@ pub fn substitute(statement: &str, names: &[&str]) -> String {
     out
 }
 
-/// A transaction pipelined like the claim's (`db::pipeline`): BEGIN, the settings, the statement,
-/// COMMIT.
-fn pipeline(settings: &str, statement: &str) -> String {
+/// The claim statement alone, an implicit transaction, as the API sends it on a direct
+/// connection (`db::pipeline::in_session`).
+fn claim_alone() -> String {
     format!(
-        "\\startpipeline\n{};\n{};\n{};\n{};\n\\endpipeline\n",
-        sql::BEGIN,
-        substitute(settings, &LOCK_PARAMS),
-        statement,
-        sql::COMMIT
+        "{};\n",
+        substitute(qualify(sql::CLAIM_AND_CREATE, SCHEMA), &CLAIM_PARAMS)
     )
 }
 
@@ -107,17 +114,16 @@ const HEADER: &str = "\
 fn claim_script() -> String {
     format!(
         "{HEADER}--
--- A claim of a new key exactly as the API runs it (docs/api.md, \"The SQL\"): BEGIN, the
--- lock_timeout, claim_and_create, COMMIT, pipelined in one round trip. Needs -M prepared.
+-- A claim of a new key exactly as the API runs it on a direct connection (docs/api.md, \"The
+-- SQL\"): claim_and_create alone, one implicit transaction, on a session that carries the lock
+-- timeout (options {}). Needs -M prepared.
 -- The first query makes the new key and ids (pgbench cannot make strings; the API makes them
 -- in-process): one extra round trip that scenario 4 measures alone (uuids.sql) and reports.
--- Constants (-D): lock_timeout operation fingerprint amount_minor amount currency item quantity
--- recipient window_us metadata.
+-- Constants (-D): operation fingerprint amount_minor amount currency item quantity recipient
+-- window_us metadata.
 {UUIDS}{}",
-        pipeline(
-            sql::SET_LOCK_TIMEOUT,
-            &substitute(qualify(sql::CLAIM_AND_CREATE, SCHEMA), &CLAIM_PARAMS)
-        )
+        session_options(),
+        claim_alone()
     )
 }
 
@@ -125,8 +131,9 @@ fn replay_script() -> String {
     format!(
         "{HEADER}--
 -- A replay exactly as the API runs it for an existing key inside its window: the claim
--- transaction, whose statement finds the key in its snapshot, inserts nothing and reads the
--- body FOR SHARE (asynchronous commit), pipelined in one round trip. Needs -M prepared.
+-- statement alone, one implicit transaction, which finds the key in its snapshot, inserts
+-- nothing and reads the body FOR SHARE, on a session that carries the lock timeout (options
+-- {}). Needs -M prepared.
 -- Keys of the replay set are decimal numbers (pgbench can only make integers); its records
 -- carry the fingerprint pgbench sends (-D fingerprint), as the API's replays carry theirs.
 -- Constants (-D): replay_keys tenant principal, and claim.sql's constants plus request_id,
@@ -134,10 +141,8 @@ fn replay_script() -> String {
 \\set n random(1, :replay_keys)
 \\set key {DECIMAL_KEY_BASE} + :n
 {}",
-        pipeline(
-            sql::SET_LOCK_TIMEOUT,
-            &substitute(qualify(sql::CLAIM_AND_CREATE, SCHEMA), &CLAIM_PARAMS)
-        )
+        session_options(),
+        claim_alone()
     )
 }
 

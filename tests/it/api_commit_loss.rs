@@ -1,23 +1,30 @@
-//! The connection dies during COMMIT, both ways. A TCP proxy between the API's pool and
+//! The connection dies during the commit, both ways. A TCP proxy between the API's pool and
 //! PostgreSQL reads the wire protocol message by message and, once armed, cuts the link at one
-//! exact point:
+//! exact point. On a direct connection the claim is its statement alone, an implicit transaction
+//! the server commits at the statement's Sync (`db::pipeline::in_session`), so the faults are cut
+//! at that Sync:
 //!
-//! * **before the COMMIT reaches the server**: it forwards `BEGIN`, the lock-timeout setting and
-//!   the claim statement, then drops the `Bind` of the prepared `COMMIT` and closes both sides.
-//!   PostgreSQL ran the claim and rolls it back when it sees the connection gone;
-//! * **after the server committed, before the reply**: it forwards everything but drops
-//!   PostgreSQL's `CommandComplete("COMMIT")` on its way back, and closes both sides.
+//! * **before the commit reaches the server**: it forwards the claim's Bind and Execute — the
+//!   server runs the statement — then keeps the Sync, asks the server to flush the statement's
+//!   answer (its row and CommandComplete, uncommitted), forwards that and closes both sides.
+//!   PostgreSQL never commits: it rolls the claim back when it sees the connection gone;
+//! * **after the server committed, before its confirmation**: it forwards everything — the Sync,
+//!   the row, the CommandComplete — but drops the ReadyForQuery the server sends once it has
+//!   committed, and closes both sides.
 //!
 //! * **after an implicit transaction committed**, behind a transaction pooler (PgBouncer), where
-//!   the claim is one call of `endpoint_claim_order` without a COMMIT message: it holds back the
-//!   server's answer to that call until the server's ReadyForQuery says the transaction ended,
-//!   then drops it all and closes both sides.
+//!   the claim is one call of `endpoint_claim_order`: it holds back the server's answer to that
+//!   call until the server's ReadyForQuery says the transaction ended, then drops it all and
+//!   closes both sides.
 //!
 //! Either way the API has sent the whole transaction and cannot know which way it went, so the
 //! client must get the honest 503 `outcome-unknown`, and its retry with the same key must return
-//! the one order — created exactly once, whichever way the commit went. The proxy also serves
-//! other tests that need a database connection cut at a commit, or a database that stops
-//! answering (`set_down`): `tests/it/examples.rs`.
+//! the one order — created exactly once, whichever way the commit went; and nothing is
+//! acknowledged that did not commit (the first cut hands the daemon the statement's row of a
+//! transaction that never commits). The proxy also cuts an explicit transaction at its COMMIT
+//! (the `Bind` of the COMMIT dropped, or its CommandComplete), for other tests that need a
+//! database connection cut at a commit, and serves a database that stops answering
+//! (`set_down`): `tests/it/examples.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -32,6 +39,9 @@ use tombstoned::config::DatabaseUrl;
 use crate::api_support::{order, TestApi, ALICE};
 use crate::harness::TestDb;
 
+/// Statement texts or SQLSTATEs the proxy records, shared between its two directions and the test.
+type Recorded = Arc<Mutex<Vec<String>>>;
+
 /// Where the armed proxy cuts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cut {
@@ -42,6 +52,46 @@ pub enum Cut {
     /// Hold back the server's answer to the statement whose text contains this, sent alone (an
     /// implicit transaction), until its ReadyForQuery; then drop it all.
     AfterImplicitCommitOf(&'static str),
+    /// The statement whose text contains this, sent alone (an implicit transaction, which the
+    /// server commits at the statement's Sync): drop the client's Sync, ask the server to flush
+    /// what it has of the statement's answer (a `Flush` message: its rows and CommandComplete —
+    /// the statement ran, uncommitted), forward that, then close both sides. The server never
+    /// commits: it rolls the statement back when the connection closes.
+    BeforeImplicitCommitOf(&'static str),
+    /// The statement whose text contains this, sent alone: forward its answer — rows and
+    /// CommandComplete — and drop the ReadyForQuery the server sends once it has committed the
+    /// implicit transaction at the statement's Sync; then close both sides.
+    AtImplicitCommitConfirmationOf(&'static str),
+}
+
+impl Cut {
+    /// The marker of a cut at an implicit transaction's Sync (the new shape of the claim).
+    fn at_sync_of(self) -> Option<&'static str> {
+        match self {
+            Cut::BeforeImplicitCommitOf(marker) | Cut::AtImplicitCommitConfirmationOf(marker) => {
+                Some(marker)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the server's side of the link does the cutting.
+    fn cut_on_the_way_back(self) -> bool {
+        !matches!(self, Cut::BeforeCommit | Cut::BeforeImplicitCommitOf(_))
+    }
+}
+
+/// Between the two directions of one link, for the cuts at an implicit transaction's Sync.
+struct AtSync {
+    /// The proxy's: whether the next cut is to be made.
+    armed: Arc<AtomicBool>,
+    /// The armed proxy saw the client bind the marked statement: the next Sync ends it.
+    targeted: AtomicBool,
+    /// The statements bound since the last Sync, when one of them is targeted.
+    bound: Mutex<Vec<String>>,
+    /// Before-commit: the Sync was dropped and a Flush sent; forward the statement's answer up
+    /// to its CommandComplete (or ErrorResponse), then cut.
+    answer_then_cut: AtomicBool,
 }
 
 /// A TCP proxy to a PostgreSQL (or PgBouncer) port that can cut a connection at a commit.
@@ -146,21 +196,27 @@ impl CuttingProxy {
                 // Implicit-commit cuts: set by the client side when the statement is sent, read
                 // by the server side.
                 let held = Arc::new(AtomicBool::new(false));
+                let at_sync = Arc::new(AtSync {
+                    armed: Arc::clone(&armed),
+                    targeted: AtomicBool::new(false),
+                    bound: Mutex::new(Vec::new()),
+                    answer_then_cut: AtomicBool::new(false),
+                });
                 tokio::spawn(client_to_server(
                     client_read,
                     server_write,
                     cut,
-                    (cut == Cut::BeforeCommit).then(|| cutter.clone()),
-                    Arc::clone(&held),
+                    (!cut.cut_on_the_way_back()).then(|| cutter.clone()),
+                    (Arc::clone(&held), Arc::clone(&at_sync)),
                     Arc::clone(&forwarded),
                     link.clone(),
                 ));
                 tokio::spawn(server_to_client(
                     server_read,
                     client_write,
-                    (cut != Cut::BeforeCommit).then_some(cutter),
-                    held,
-                    Arc::clone(&errors),
+                    (cut, cut.cut_on_the_way_back().then_some(cutter)),
+                    (held, at_sync),
+                    (Arc::clone(&errors), Arc::clone(&forwarded)),
                     link,
                 ));
             }
@@ -216,26 +272,38 @@ struct Cutter {
 impl Cutter {
     /// Cuts the link if armed (once).
     fn cut_if_armed(&self) -> bool {
+        if self.disarm() {
+            self.link.cancel();
+            return true;
+        }
+        false
+    }
+
+    /// Counts the cut if armed (once), leaving the link up for now.
+    fn disarm(&self) -> bool {
         if self.armed.swap(false, Ordering::SeqCst) {
             self.cuts.fetch_add(1, Ordering::SeqCst);
-            self.link.cancel();
             return true;
         }
         false
     }
 }
 
+/// A Flush message: the server sends what it has buffered, without ending the transaction.
+const FLUSH: [u8; 5] = [b'H', 0, 0, 0, 4];
+
 async fn client_to_server(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     cut: Cut,
     cutter: Option<Cutter>,
-    held: Arc<AtomicBool>,
+    (held, at_sync): (Arc<AtomicBool>, Arc<AtSync>),
     forwarded_in_cut: Arc<Mutex<Vec<String>>>,
     link: CancellationToken,
 ) {
     let mut statements: HashMap<String, String> = HashMap::new(); // name -> query
     let mut transaction: Vec<String> = Vec::new(); // queries bound since the last COMMIT
+    let mut since_sync: Vec<String> = Vec::new(); // queries bound since the last Sync
     let mut typed = false;
     loop {
         let message = tokio::select! {
@@ -243,6 +311,34 @@ async fn client_to_server(
             m = read_message(&mut from, typed) => match m { Some(m) => m, None => break },
         };
         typed = true;
+        if let Some(marker) = cut.at_sync_of() {
+            if message.kind == Some(b'B') {
+                let name = &cstrings(message.payload(), 2)[1];
+                let query = statements.get(name).cloned().unwrap_or_default();
+                // Armed when the statement is bound: that request's Sync is the one.
+                if query.contains(marker) && at_sync.armed.load(Ordering::SeqCst) {
+                    at_sync.targeted.store(true, Ordering::SeqCst);
+                }
+                since_sync.push(query);
+            }
+            if message.kind == Some(b'S') {
+                if at_sync.targeted.load(Ordering::SeqCst) {
+                    *at_sync.bound.lock().unwrap() = since_sync.clone();
+                    if let Some(cutter) = cutter.as_ref().filter(|c| c.disarm()) {
+                        // The Sync stays here. The server flushes the statement's answer; the
+                        // other side forwards it and then cuts.
+                        *forwarded_in_cut.lock().unwrap() = since_sync;
+                        at_sync.answer_then_cut.store(true, Ordering::SeqCst);
+                        if to.write_all(&FLUSH).await.is_err() {
+                            cutter.link.cancel();
+                        }
+                        cutter.link.cancelled().await;
+                        return;
+                    }
+                }
+                since_sync.clear();
+            }
+        }
         match message.kind {
             Some(b'P') => {
                 let parts = cstrings(message.payload(), 2);
@@ -258,7 +354,7 @@ async fn client_to_server(
                 let name = &cstrings(message.payload(), 2)[1];
                 let query = statements.get(name).cloned().unwrap_or_default();
                 if query == "COMMIT" {
-                    if let Some(cutter) = &cutter {
+                    if let Some(cutter) = cutter.as_ref().filter(|_| cut == Cut::BeforeCommit) {
                         if cutter.cut_if_armed() {
                             *forwarded_in_cut.lock().unwrap() = transaction;
                             return;
@@ -281,9 +377,9 @@ async fn client_to_server(
 async fn server_to_client(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
-    cutter: Option<Cutter>,
-    held: Arc<AtomicBool>,
-    errors: Arc<Mutex<Vec<String>>>,
+    (cut, cutter): (Cut, Option<Cutter>),
+    (held, at_sync): (Arc<AtomicBool>, Arc<AtSync>),
+    (errors, forwarded_in_cut): (Recorded, Recorded),
     link: CancellationToken,
 ) {
     // The answer to a statement whose implicit transaction is not over yet.
@@ -293,9 +389,30 @@ async fn server_to_client(
             _ = link.cancelled() => return,
             m = read_message(&mut from, true) => match m { Some(m) => m, None => break },
         };
+        // Before-commit at a Sync: the statement's answer, flushed without its commit, goes
+        // through up to its end; then the link is cut.
+        if at_sync.answer_then_cut.load(Ordering::SeqCst) {
+            let _ = to.write_all(&message.frame).await;
+            if matches!(message.kind, Some(b'C' | b'E')) {
+                link.cancel();
+                return;
+            }
+            continue;
+        }
+        // At the commit's confirmation: the ReadyForQuery after the targeted statement, sent
+        // once the server has committed its implicit transaction, never reaches the client.
+        if message.kind == Some(b'Z') && at_sync.targeted.swap(false, Ordering::SeqCst) {
+            if let Some(cutter) = &cutter {
+                if cutter.cut_if_armed() {
+                    *forwarded_in_cut.lock().unwrap() =
+                        std::mem::take(&mut *at_sync.bound.lock().unwrap());
+                    return;
+                }
+            }
+        }
         // CommandComplete "COMMIT": the server has committed.
         if message.kind == Some(b'C') && message.payload() == b"COMMIT\0" {
-            if let Some(cutter) = &cutter {
+            if let Some(cutter) = cutter.as_ref().filter(|_| cut == Cut::AfterCommit) {
                 if cutter.cut_if_armed() {
                     return;
                 }
@@ -378,10 +495,30 @@ async fn retry_replays_the_committed_order(api: &TestApi) {
     assert_eq!(api.counts().await, (2, 2, 2));
 }
 
+/// What marks the claim's statement on the wire (its text; the ensure-scope statement inserts
+/// into `idempotency_scopes`).
+const CLAIM: &str = "INSERT INTO \"tombstoned\".idempotency_records";
+
+/// On a direct connection the claim is its statement alone, an implicit transaction that the
+/// server commits at the statement's Sync. The server runs the claim and commits; its answer —
+/// the row and the CommandComplete — reaches the daemon, the ReadyForQuery that confirms the
+/// commit does not, and the connection closes: 503 `outcome-unknown`, and the retry with the same
+/// key replays the one order.
+///
+/// Shown red before it was kept (2026-12-07) against a build that acknowledges before the commit
+/// is confirmed: `db::pipeline::alone` changed to take the claim's first row from the stream of
+/// tokio-postgres's `Client::query_raw` on the named statement and return it, without reading on
+/// to the ReadyForQuery — the 201 went out (`lost.expect(503)` failed: 201). Reverted; with the
+/// answer read to its ReadyForQuery, as `Client::query` reads it, the cut is an error and the
+/// test passes.
 #[tokio::test]
 async fn commit_lost_on_its_way_back_is_outcome_unknown_and_the_retry_replays_the_one_order() {
-    let (api, proxy) = api_behind(Cut::AfterCommit).await;
+    let (api, proxy) = api_behind(Cut::AtImplicitCommitConfirmationOf(CLAIM)).await;
     lost_commit(&api, &proxy).await;
+    // The cut was the claim's own transaction: the statement alone.
+    let cut = proxy.forwarded_in_cut.lock().unwrap().clone();
+    assert_eq!(cut.len(), 1, "{cut:#?}");
+    assert!(cut[0].contains(CLAIM), "{cut:#?}");
     retry_replays_the_committed_order(&api).await;
     let text = api.metrics_text();
     assert!(
@@ -390,16 +527,25 @@ async fn commit_lost_on_its_way_back_is_outcome_unknown_and_the_retry_replays_th
     );
 }
 
+/// The claim's statement alone reaches the server and runs, but the Sync that would commit its
+/// implicit transaction does not: the server sends what it has of the answer (the row and the
+/// CommandComplete, asked by a Flush), the daemon reads it, and the connection closes. Nothing
+/// was committed, yet the daemon cannot know: 503 `outcome-unknown`, never the row it read; the
+/// retry with the same key creates the order, exactly once.
+///
+/// Shown red before it was kept (2026-12-07) against the same build as the test above (the
+/// claim's first row acknowledged without reading on to the ReadyForQuery): it answered 201 with
+/// the body of an order that was never committed (`lost.expect(503)` failed: 201). Reverted; the
+/// test passes.
 #[tokio::test]
 async fn commit_lost_before_reaching_the_server_is_outcome_unknown_and_the_retry_creates_once() {
-    let (api, proxy) = api_behind(Cut::BeforeCommit).await;
+    let (api, proxy) = api_behind(Cut::BeforeImplicitCommitOf(CLAIM)).await;
     lost_commit(&api, &proxy).await;
-    // The server got BEGIN, the setting and the claim, not COMMIT.
+    // The server got the claim's statement alone — no BEGIN, no COMMIT — and not its Sync.
     let received = proxy.forwarded_in_cut.lock().unwrap().clone();
-    assert_eq!(received.len(), 3, "{received:#?}");
-    assert!(received[0].starts_with("BEGIN"), "{received:#?}");
+    assert_eq!(received.len(), 1, "{received:#?}");
     assert!(
-        received[2].contains("INSERT INTO \"tombstoned\".idempotency_records"),
+        received[0].contains(CLAIM),
         "the claim reached the server before the cut: {received:#?}"
     );
     // It rolled back: nothing of it is visible, and the retry creates the order exactly once.

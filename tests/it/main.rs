@@ -59,6 +59,7 @@ mod schema;
 mod schema_contract;
 mod schema_support;
 mod security;
+mod session_settings;
 mod silent_proxy;
 mod sql_api;
 mod standby;

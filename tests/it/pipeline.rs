@@ -6,14 +6,19 @@
 //! to its ReadyForQuery; these tests hold any later version to that). A deferred constraint is a
 //! commit that fails on demand.
 
+use std::time::Duration;
+
 use tombstoned::db::pipeline;
-use tombstoned::db::{Conn, Pooler};
+use tombstoned::db::{Conn, Pooler, SessionSettings};
 
 use crate::harness::TestDb;
 
 /// Two rows the deferred unique constraint lets in until the transaction commits.
 const INSERT_TWICE: &str = "INSERT INTO pipeline_t (x) VALUES ($1), ($1) RETURNING x";
 const INSERT_ONCE: &str = "INSERT INTO pipeline_t (x) VALUES ($1) RETURNING x";
+/// [`INSERT_TWICE`] naming the schema, for a pooled session (which has no `search_path` of ours).
+const INSERT_TWICE_IN_SCHEMA: &str =
+    "INSERT INTO {schema}.pipeline_t (x) VALUES ($1), ($1) RETURNING x";
 
 const SETTINGS: &str = "SELECT set_config('lock_timeout', $1, true)";
 
@@ -82,4 +87,44 @@ async fn a_pipelined_transaction_reports_the_error_of_its_commit() {
             .expect_err("the COMMIT fails on the deferred constraint");
         rolled_back_at_commit(failure, &client, pooler).await;
     }
+}
+
+/// The claim's shape on a direct connection: the statement alone on a pooled session that carries
+/// READ COMMITTED and the lock timeout (`pipeline::in_session`). Its implicit commit's error is
+/// the answer, and the session carries the settings before and after; a dedicated session, which
+/// carries nothing, runs the pipelined transaction instead, whose COMMIT reports it.
+#[tokio::test]
+async fn a_statement_in_a_session_carrying_its_settings_reports_the_error_of_its_implicit_commit() {
+    let db = TestDb::new().await;
+    let client = table(&db).await;
+    let config = db.config();
+    let pool = tombstoned::db::pool(&config.database, "api", 1, Duration::from_secs(10)).unwrap();
+    let session = pool.get().await.unwrap();
+    let settings = SessionSettings {
+        lock_timeout: Duration::from_millis(1234),
+    };
+    let conn = Conn::pooled(&session, "tombstoned", Pooler::None);
+    let failure = pipeline::in_session(&conn, settings, INSERT_TWICE_IN_SCHEMA, &[&7_i32])
+        .await
+        .expect_err("the implicit commit fails on the deferred constraint");
+    rolled_back_at_commit(failure, &client, Pooler::None).await;
+    assert_eq!(session.carried(), Some(settings));
+    let shown: String = session
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, "1234ms");
+
+    let conn = Conn::dedicated(&client, "tombstoned", Pooler::None);
+    let failure = pipeline::in_session(&conn, settings, INSERT_TWICE_IN_SCHEMA, &[&7_i32])
+        .await
+        .expect_err("the COMMIT fails on the deferred constraint");
+    rolled_back_at_commit(failure, &client, Pooler::None).await;
+    let shown: String = client
+        .query_one("SHOW lock_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, "0", "transaction-local on a dedicated session");
 }
