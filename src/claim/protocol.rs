@@ -16,6 +16,31 @@ use super::{
 use crate::db::pipeline::{self, PipelineFailure, Pipelined};
 use crate::db::statement::types_of;
 use crate::db::{self, Conn, DbError, ErrorClass, Param};
+use crate::telemetry::Span;
+
+/// `attempt`, inside a database client span named after its statement (with tracing on), failed
+/// with the SQLSTATE `sqlstate` finds in its error.
+async fn statement_span<T, E>(
+    statement: &'static str,
+    attempt: impl std::future::Future<Output = Result<T, E>>,
+    sqlstate: fn(&E) -> Option<&str>,
+) -> Result<T, E> {
+    let span = Span::database(statement);
+    let result = span.in_scope(attempt).await;
+    if let Err(e) = &result {
+        span.fail_sqlstate(sqlstate(e));
+    }
+    span.end();
+    result
+}
+
+fn failure_sqlstate(failure: &PipelineFailure) -> Option<&str> {
+    failure.error.code().map(|code| code.code())
+}
+
+fn claim_error_sqlstate(error: &ClaimError) -> Option<&str> {
+    error.db_error().and_then(DbError::sqlstate)
+}
 
 /// `commit_sent` is true while an owner attempt (its COMMIT included) is in flight: if the
 /// caller's deadline expires then, the claim may have committed (outcome unknown).
@@ -32,7 +57,12 @@ pub(super) async fn claim_on(
     while attempt < MAX_CLAIM_ATTEMPTS {
         attempt += 1;
         commit_sent.store(true, Ordering::Release);
-        let owned_or_not = owner_attempt(client, &lock_timeout, window, req).await;
+        let owned_or_not = statement_span(
+            owner_statement(req),
+            owner_attempt(client, &lock_timeout, window, req),
+            failure_sqlstate,
+        )
+        .await;
         commit_sent.store(false, Ordering::Release);
         match owned_or_not {
             Ok(Some(row)) => {
@@ -45,7 +75,12 @@ pub(super) async fn claim_on(
                     if scope_ensured {
                         return Err(ClaimError::Unstable);
                     }
-                    if let Some(outcome) = ensure_scope(client, settings, req).await? {
+                    let ensured = statement_span(
+                        "ensure_scope",
+                        ensure_scope(client, settings, req),
+                        claim_error_sqlstate,
+                    );
+                    if let Some(outcome) = ensured.await? {
                         return Ok(outcome);
                     }
                     scope_ensured = true;
@@ -76,7 +111,12 @@ pub(super) async fn claim_on(
                 if class == ErrorClass::UniqueViolation
                     && db::violated_constraint(&failure.error) == Some(ORDER_REQUEST_CONSTRAINT)
                 {
-                    match duplicate_request(client, req).await? {
+                    let duplicate = statement_span(
+                        "find_order_by_request_id",
+                        duplicate_request(client, req),
+                        claim_error_sqlstate,
+                    );
+                    match duplicate.await? {
                         Some(outcome) => return Ok(outcome),
                         None => continue, // the order is gone again: claim anew
                     }
@@ -95,7 +135,12 @@ pub(super) async fn claim_on(
                 };
             }
         }
-        match replay_attempt(client, &lock_timeout, req).await {
+        let replay = statement_span(
+            "read_for_replay",
+            replay_attempt(client, &lock_timeout, req),
+            failure_sqlstate,
+        );
+        match replay.await {
             Ok(Some(row)) => return existing(&row, req),
             Ok(None) => continue, // deleted between our INSERT and SELECT (purge): claim anew
             Err(failure) => {
@@ -168,6 +213,20 @@ async fn read_only(
     req: &ClaimRequest,
     refused: tokio_postgres::Error,
 ) -> Result<ClaimOutcome, ClaimError> {
+    statement_span(
+        "read_record_read_only",
+        read_only_untraced(client, settings, req, refused),
+        claim_error_sqlstate,
+    )
+    .await
+}
+
+async fn read_only_untraced(
+    client: &Conn<'_>,
+    settings: &ClaimSettings,
+    req: &ClaimRequest,
+    refused: tokio_postgres::Error,
+) -> Result<ClaimOutcome, ClaimError> {
     let key: [&dyn Param; 4] = [
         &req.tenant,
         &req.principal,
@@ -231,6 +290,14 @@ async fn in_transaction(
     pipeline::query(client, settings, &[&lock_timeout], main, params).await
 }
 
+/// The owner attempt's statement, by its name in [`sql`].
+fn owner_statement(req: &ClaimRequest) -> &'static str {
+    match req.decision {
+        Decision::Create => "claim_and_create",
+        Decision::Reject { .. } => "claim_rejected",
+    }
+}
+
 async fn owner_attempt(
     client: &Conn<'_>,
     lock_timeout: &str,
@@ -266,6 +333,7 @@ async fn owner_attempt(
                     &window_micros,
                     &event_id,
                     &o.metadata,
+                    &crate::telemetry::current_traceparent(),
                     &lock_timeout,
                 ],
             )

@@ -123,7 +123,9 @@ pub const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)"
 /// (bytea, 32 bytes), `$6` new order id (uuid v7), `$7` request_id, `$8` amount_minor,
 /// `$9` amount as a decimal string with the currency's minor digits, `$10` currency,
 /// `$11` item, `$12` quantity, `$13` recipient, `$14` replay window in microseconds,
-/// `$15` new event id (uuid v7), `$16` metadata (jsonb or NULL).
+/// `$15` new event id (uuid v7), `$16` metadata (jsonb or NULL), `$17` the request's trace
+/// context as a W3C `traceparent` (text, or NULL with tracing off), stored with the event so the
+/// relay's delivery continues the request's trace.
 ///
 /// Returns [`CLAIM_RESULT_COLUMNS`]: one row with `created` to the owner (`body`,
 /// `order_id`); one row with `created = false` describing the record when the statement's
@@ -157,10 +159,12 @@ pub const CLAIM_AND_CREATE: &str =
     "    FROM claim\n",
     "    RETURNING order_id\n",
     "), event AS (\n",
-    "    INSERT INTO {schema}.outbox_events (event_id, tenant_id, order_id, event_type, payload)\n",
+    "    INSERT INTO {schema}.outbox_events\n",
+    "        (event_id, tenant_id, order_id, event_type, payload, traceparent)\n",
     "    SELECT $15, $1, new_order.order_id, 'order.created',\n",
     "           jsonb_build_object('order', claim.response_body,\n",
-    "                              'metadata', coalesce($16::jsonb, '{}'::jsonb))\n",
+    "                              'metadata', coalesce($16::jsonb, '{}'::jsonb)),\n",
+    "           $17::text\n",
     "    FROM new_order CROSS JOIN claim\n",
     claim_result!()
 );
@@ -190,15 +194,16 @@ pub const CLAIM_REJECTED: &str = concat!(
     claim_result!()
 );
 
-/// [`CLAIM_AND_CREATE`] run by its function (`endpoint_claim_order`, migration V6), whose body
-/// is that statement's text: same parameters with the same types (`$1`-`$16`), same result
-/// columns, same locks and errors. Before it, the function refuses a transaction that is not
-/// READ COMMITTED ([`crate::db::WRONG_ISOLATION`]) and sets `lock_timeout` to `$17`
+/// [`CLAIM_AND_CREATE`] run by its function (`endpoint_claim_order`, migration V6, recreated
+/// with the trace context by V9), whose body is that statement's text: same parameters with the
+/// same types (`$1`-`$17`), same result columns, same locks and errors. Before it, the function
+/// refuses a transaction that is not READ COMMITTED ([`crate::db::WRONG_ISOLATION`]) and sets
+/// `lock_timeout` to `$18`
 /// transaction-locally, so through a transaction pooler this call *is* the owner attempt's
 /// transaction: one statement, implicitly committed ([`crate::claim`]'s module docs). Sent only
 /// through a transaction pooler ([`claim_and_create`]).
 pub const CALL_CLAIM_AND_CREATE: &str = "SELECT * FROM {schema}.endpoint_claim_order(\
-$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
+$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
 
 /// [`CLAIM_REJECTED`] run by its function (`endpoint_claim_rejected`, migration V6), as
 /// [`CALL_CLAIM_AND_CREATE`] runs [`CLAIM_AND_CREATE`] (`$9`: the lock timeout).

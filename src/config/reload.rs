@@ -60,8 +60,14 @@ impl Config {
                 "tracing.service_name",
                 old.tracing.service_name != new.tracing.service_name,
             ),
-            ("tracing.headers", old.tracing.headers != new.tracing.headers),
-            ("tracing.ca_file", old.tracing.ca_file != new.tracing.ca_file),
+            (
+                "tracing.headers",
+                old.tracing.headers != new.tracing.headers,
+            ),
+            (
+                "tracing.ca_file",
+                old.tracing.ca_file != new.tracing.ca_file,
+            ),
         ]
         .into_iter()
         .filter_map(|(key, changed)| changed.then_some(key))

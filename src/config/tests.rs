@@ -357,7 +357,9 @@ fn one_change_per_key() -> Vec<Change> {
         ("tracing.otlp_endpoint", |c| {
             c.tracing.otlp_endpoint = Some("http://127.0.0.1:4318".parse().unwrap())
         }),
-        ("tracing.service_name", |c| c.tracing.service_name = "x".into()),
+        ("tracing.service_name", |c| {
+            c.tracing.service_name = "x".into()
+        }),
         ("tracing.sample_ratio", |c| c.tracing.sample_ratio = 0.5),
         ("tracing.headers", |c| {
             let raw = toml::from_str::<RawConfig>("[tracing]\nheaders = { a = \"b\" }\n");
@@ -366,7 +368,9 @@ fn one_change_per_key() -> Vec<Change> {
                 .tracing
                 .headers;
         }),
-        ("tracing.ca_file", |c| c.tracing.ca_file = Some("ca.pem".into())),
+        ("tracing.ca_file", |c| {
+            c.tracing.ca_file = Some("ca.pem".into())
+        }),
     ]
 }
 

@@ -218,7 +218,10 @@ fn header(name: &str, value: &str) -> Result<(String, String), ConfigError> {
         return Err(invalid(format!("{name:?} is not an HTTP header name")));
     }
     let value = value.trim();
-    if !value.chars().all(|c| c == ' ' || c == '\t' || c.is_ascii_graphic()) {
+    if !value
+        .chars()
+        .all(|c| c == ' ' || c == '\t' || c.is_ascii_graphic())
+    {
         return Err(invalid(format!(
             "the value of {name} has characters an HTTP header cannot carry"
         )));
@@ -283,7 +286,6 @@ pub(super) fn validate(raw: RawTracing, base_dir: &Path, p: &mut Problems) -> Tr
         sample_ratio,
         headers: p.take(headers(&raw.headers), ExportHeaders::default()),
         ca_file: (!ca_file.is_empty()).then(|| base_dir.join(ca_file)),
-        ..d
     }
 }
 
@@ -326,8 +328,7 @@ mod tests {
             ("https://c/otlp/v1/traces", "https://c/otlp/v1/traces"),
         ] {
             let (c, origins) =
-                load_with_origins(&format!("[tracing]\notlp_endpoint = {base:?}\n"), &[])
-                    .unwrap();
+                load_with_origins(&format!("[tracing]\notlp_endpoint = {base:?}\n"), &[]).unwrap();
             assert_eq!(c.traces_url().unwrap().as_str(), url, "{base}");
             assert_eq!(origins.endpoint, Origin::File);
         }
@@ -340,7 +341,10 @@ mod tests {
             ("OTEL_SERVICE_NAME", "from-env"),
         ];
         let (c, origins) = load_with_origins("", &otel).unwrap();
-        assert_eq!(c.traces_url().unwrap().as_str(), "http://env:4318/v1/traces");
+        assert_eq!(
+            c.traces_url().unwrap().as_str(),
+            "http://env:4318/v1/traces"
+        );
         assert_eq!(c.service_name, "from-env");
         assert_eq!(
             origins.endpoint,
@@ -391,10 +395,7 @@ mod tests {
         )
         .unwrap();
         let exposed: Vec<_> = c.headers.expose().collect();
-        assert_eq!(
-            exposed,
-            [("authorization", "Basic czNjcmV0"), ("x-a", "1")]
-        );
+        assert_eq!(exposed, [("authorization", "Basic czNjcmV0"), ("x-a", "1")]);
     }
 
     #[test]
@@ -402,8 +403,14 @@ mod tests {
         for (text, key) in [
             ("[tracing]\nsample_ratio = 1.5\n", "tracing.sample_ratio"),
             ("[tracing]\nsample_ratio = -0.1\n", "tracing.sample_ratio"),
-            ("[tracing]\notlp_endpoint = \"grpc://c:4317\"\n", "tracing.otlp_endpoint"),
-            ("[tracing]\notlp_endpoint = \"not a url\"\n", "tracing.otlp_endpoint"),
+            (
+                "[tracing]\notlp_endpoint = \"grpc://c:4317\"\n",
+                "tracing.otlp_endpoint",
+            ),
+            (
+                "[tracing]\notlp_endpoint = \"not a url\"\n",
+                "tracing.otlp_endpoint",
+            ),
             (
                 "[tracing]\notlp_endpoint = \"https://u:s3cret@c/\"\n",
                 "tracing.otlp_endpoint",
