@@ -1,4 +1,4 @@
--- tombstoned schema, version 9: the trace context of an outbox event (issue 40; docs/tracing.md).
+-- tombstoned schema, version 9: the trace context of an outbox event (issue 40; README "Traces").
 --
 -- * `outbox_events.traceparent`: the W3C `traceparent` of the span the event was enqueued in, or
 --   NULL (no trace, or an event enqueued before this migration). The relay's delivery span is

@@ -150,7 +150,7 @@ pub(super) async fn run(config: &Config) -> anyhow::Result<Exit> {
 fn tracing_line(config: &Config) -> String {
     let (t, origins) = (&config.tracing, &config.tracing_origins);
     if !t.enabled() {
-        return "off (set tracing.otlp_endpoint or OTEL_EXPORTER_OTLP_ENDPOINT to export                 OpenTelemetry traces)"
+        return "off (set tracing.otlp_endpoint or OTEL_EXPORTER_OTLP_ENDPOINT to export OpenTelemetry traces)"
             .to_owned();
     }
     let headers = if t.headers.is_empty() {
@@ -166,7 +166,7 @@ fn tracing_line(config: &Config) -> String {
         format!(", trusting {} alone", ca.display())
     });
     format!(
-        "OTLP/HTTP to {}{} as service {:?}{}, sample ratio {} for new traces (an incoming          traceparent's decision is kept), {headers}{trust}",
+        "OTLP/HTTP to {}{} as service {:?}{}, sample ratio {} for new traces (an incoming traceparent's decision is kept), {headers}{trust}",
         t.endpoint_display(),
         origins.endpoint.describe(),
         t.service_name,
