@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::api_support::order;
 use crate::cleanup_support::{seed_live, DUE};
+use crate::clients_support::{run_suite, ClientEnv};
 use crate::daemon_support::{Daemon, Spec, BOB, PATIENCE};
 use crate::harness::{binary, TestDb};
 use crate::outbox_support::{outbox_section, secret_file, Receiver, SECRET};
@@ -375,4 +376,94 @@ async fn a_failing_slow_or_absent_collector_costs_the_requests_nothing() {
         .count() as u64;
     let minutes = started.elapsed().as_secs() / 60;
     assert!((1..=1 + minutes).contains(&lines), "{lines} lines: {log}");
+}
+
+/// The Python client (issue 38) passes its caller's trace on: a service's `enqueue_event` inside
+/// an active OpenTelemetry span (the OpenTelemetry API package, as the caller's instrumentation
+/// makes one current) reaches the webhook receiver as a `traceparent` of that trace, through the
+/// relay's delivery span linked to the caller's. Its pytest file for the stored context first.
+#[tokio::test]
+async fn the_python_clients_caller_trace_reaches_the_receiver() {
+    let python = crate::clients_python::setup();
+    let project = crate::ops_support::repo_root().join("clients/python");
+    let env = ClientEnv::new("pytrace").await;
+    run_suite(
+        &env,
+        &project,
+        &python,
+        &[
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_trace.py",
+        ],
+        &[],
+    )
+    .await;
+
+    let collector = Collector::start().await;
+    let receiver = Receiver::start(&env.db).await;
+    let (_dir, secret) = secret_file();
+    let _daemon = Daemon::start(
+        Spec::new(&env.db.url)
+            .config(&outbox_section(&receiver.url, &secret, &[]))
+            .config("[api]\nenabled = false\n[cleanup]\nenabled = false\n")
+            .config(&tracing_section(&collector, "0.0")),
+    )
+    .await;
+    let (trace, caller_span) = new_ids();
+    let script = r#"
+import os, psycopg, tombstoned
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+caller = SpanContext(int(os.environ["TRACE_ID"], 16), int(os.environ["SPAN_ID"], 16),
+                     is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+with psycopg.connect(os.environ["TOMBSTONED_TEST_SERVICE_URL"]) as conn:
+    with conn.transaction(), trace.use_span(NonRecordingSpan(caller)):
+        event = tombstoned.enqueue_event(conn, "acme", "py-invoice", "invoice.sent", {"n": 1},
+                                         schema=os.environ["TOMBSTONED_TEST_SCHEMA"])
+print(event)
+"#;
+    let output = tokio::process::Command::new(&python)
+        .args(["-c", script])
+        .envs(env.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("PYTHONPATH", project.join("src"))
+        .env("TRACE_ID", &trace)
+        .env("SPAN_ID", &caller_span)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let event: uuid::Uuid = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert_caller_trace_delivered(&collector, &receiver, event, &trace, &caller_span).await;
+}
+
+/// `event`, enqueued inside the caller's span `caller_span` of `trace`, was delivered with a
+/// span of that trace linked to it, and the receiver got that span's `traceparent`.
+async fn assert_caller_trace_delivered(
+    collector: &Collector,
+    receiver: &Receiver,
+    event: uuid::Uuid,
+    trace: &str,
+    caller_span: &str,
+) {
+    receiver.wait_arrivals(event, 1).await;
+    let spans = collector
+        .wait_for("the delivery's span", PATIENCE, |spans| {
+            !in_trace(spans, trace).is_empty()
+        })
+        .await;
+    let delivery = one(&in_trace(&spans, trace), "POST");
+    assert_eq!(delivery.links, [(trace.to_owned(), caller_span.to_owned())]);
+    assert_eq!(delivery.parent_span_id, caller_span);
+    assert_eq!(
+        receiver.arrivals_of(event)[0].traceparent.as_deref(),
+        Some(format!("00-{trace}-{}-01", delivery.span_id).as_str())
+    );
 }
