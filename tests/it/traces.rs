@@ -467,3 +467,62 @@ async fn assert_caller_trace_delivered(
         Some(format!("00-{trace}-{}-01", delivery.span_id).as_str())
     );
 }
+
+/// The Node client (issue 38) passes its caller's trace on, as the Python client does: its
+/// `enqueueEvent` inside an active span (`@opentelemetry/api` with the SDK's async-hooks context
+/// manager) reaches the receiver as a `traceparent` of that trace. Its node:test file first.
+#[tokio::test]
+async fn the_node_clients_caller_trace_reaches_the_receiver() {
+    crate::clients_node::setup();
+    let project = crate::ops_support::repo_root().join("clients/node");
+    let env = ClientEnv::new("nodetrace").await;
+    let node = std::path::Path::new("node");
+    run_suite(&env, &project, node, &["--test", "test/trace.test.js"], &[]).await;
+
+    let collector = Collector::start().await;
+    let receiver = Receiver::start(&env.db).await;
+    let (_dir, secret) = secret_file();
+    let _daemon = Daemon::start(
+        Spec::new(&env.db.url)
+            .config(&outbox_section(&receiver.url, &secret, &[]))
+            .config("[api]\nenabled = false\n[cleanup]\nenabled = false\n")
+            .config(&tracing_section(&collector, "0.0")),
+    )
+    .await;
+    let (trace, caller_span) = new_ids();
+    let script = r#"
+import pg from 'pg';
+import { context, trace, TraceFlags } from '@opentelemetry/api';
+import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
+import { enqueueEvent } from '@tombstoned/client';
+
+context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+const client = new pg.Client({ connectionString: process.env.TOMBSTONED_TEST_SERVICE_URL });
+await client.connect();
+const caller = trace.wrapSpanContext({
+  traceId: process.env.TRACE_ID, spanId: process.env.SPAN_ID, traceFlags: TraceFlags.SAMPLED,
+});
+await client.query('BEGIN');
+const event = await context.with(trace.setSpan(context.active(), caller), () =>
+  enqueueEvent(client, 'acme', 'node-invoice', 'invoice.sent', { n: 1 },
+               { schema: process.env.TOMBSTONED_TEST_SCHEMA }));
+await client.query('COMMIT');
+await client.end();
+console.log(event);
+"#;
+    let output = tokio::process::Command::new(node)
+        .args(["--input-type=module", "-e", script])
+        .current_dir(&project)
+        .envs(env.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("TRACE_ID", &trace)
+        .env("SPAN_ID", &caller_span)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let event: uuid::Uuid = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert_caller_trace_delivered(&collector, &receiver, event, &trace, &caller_span).await;
+}
