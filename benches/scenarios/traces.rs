@@ -1,16 +1,17 @@
 //! Scenario 12: what traces cost the daemon (issue 40).
 //!
-//! Three `tombstoned serve` on one fresh copy of scenario 4's data, side by side: tracing off (no
-//! `[tracing]`: today's configuration), on with `sample_ratio = 0` (every request makes its
-//! unsampled span context, nothing is recorded or exported), and on with `sample_ratio = 1.0`
-//! (every request, claim and statement recorded and exported). Both tracing daemons export to a
-//! collector this benchmark runs on loopback (an axum server decoding each OTLP/HTTP protobuf
-//! request with `opentelemetry-proto` and counting its spans, so the export is real). For each
-//! workload (replays of scenario 4's replay set, claims of new keys) they take turns, in a rotated
-//! order per repetition, under the same closed loop of [`CLIENTS`] clients, each turn a warm-up and
-//! a measured window. Reported per side: requests/s, the daemon process's CPU µs per request
-//! (`/proc`, [`crate::cpu`]) and p99; ratios against tracing off. The target: 1.0 costs at most
-//! [`TARGET`] × off's daemon CPU per request.
+//! `tombstoned serve` six times on one fresh copy of scenario 4's data, side by side: tracing off
+//! (no `[tracing]`: today's configuration); on with `sample_ratio = 0` (every request makes its
+//! unsampled span context, nothing is recorded or exported); on with `sample_ratio = 1.0` (every
+//! request, claim and statement recorded and exported); and 1.0 again with a collector that
+//! answers 500, one that answers only after 5 s, and none at all (a closed port). The collectors
+//! are this benchmark's own on loopback (axum servers decoding each OTLP/HTTP protobuf request
+//! with `opentelemetry-proto` and counting its spans, so the export is real). For each workload
+//! (replays of scenario 4's replay set, claims of new keys) the daemons take turns, in an order
+//! rotated per repetition, under the same closed loop of [`CLIENTS`] clients, each turn a warm-up
+//! and a measured window. Reported per side: requests/s, the daemon process's CPU µs per request
+//! (`/proc`, [`crate::cpu`]), p99, spans exported and dropped; each as a ratio of medians against
+//! tracing off. The target: 1.0 costs at most [`TARGET`] × off's daemon CPU per request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use axum::body::Bytes;
+use axum::http::StatusCode;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use serde::Serialize;
@@ -44,11 +46,27 @@ pub enum Mode {
     Off,
     /// `sample_ratio = 0`.
     RatioZero,
-    /// `sample_ratio = 1.0`.
+    /// `sample_ratio = 1.0`, a collector that accepts every export.
     RatioOne,
+    /// `sample_ratio = 1.0`, a collector that answers every export with 500.
+    CollectorFailing,
+    /// `sample_ratio = 1.0`, a collector that answers after [`LATE`].
+    CollectorLate,
+    /// `sample_ratio = 1.0`, nothing listening.
+    CollectorDown,
 }
 
-const MODES: [Mode; 3] = [Mode::Off, Mode::RatioZero, Mode::RatioOne];
+const MODES: [Mode; 6] = [
+    Mode::Off,
+    Mode::RatioZero,
+    Mode::RatioOne,
+    Mode::CollectorFailing,
+    Mode::CollectorLate,
+    Mode::CollectorDown,
+];
+
+/// How long the late collector takes to answer.
+const LATE: Duration = Duration::from_secs(5);
 
 impl Mode {
     fn label(self) -> &'static str {
@@ -56,15 +74,26 @@ impl Mode {
             Mode::Off => "off",
             Mode::RatioZero => "ratio 0",
             Mode::RatioOne => "ratio 1.0",
+            Mode::CollectorFailing => "1.0, collector 500",
+            Mode::CollectorLate => "1.0, collector late",
+            Mode::CollectorDown => "1.0, collector down",
         }
     }
 
-    fn ratio(self) -> Option<&'static str> {
-        match self {
-            Mode::Off => None,
-            Mode::RatioZero => Some("0.0"),
-            Mode::RatioOne => Some("1.0"),
-        }
+    /// Its `[tracing]` (environment), with the collectors' endpoints.
+    fn env(self, collectors: &Collectors) -> Vec<(&'static str, &str)> {
+        let (endpoint, ratio) = match self {
+            Mode::Off => return Vec::new(),
+            Mode::RatioZero => (&collectors.accepting.url, "0.0"),
+            Mode::RatioOne => (&collectors.accepting.url, "1.0"),
+            Mode::CollectorFailing => (&collectors.failing.url, "1.0"),
+            Mode::CollectorLate => (&collectors.late.url, "1.0"),
+            Mode::CollectorDown => (&collectors.down, "1.0"),
+        };
+        vec![
+            ("TOMBSTONED_TRACING__OTLP_ENDPOINT", endpoint.as_str()),
+            ("TOMBSTONED_TRACING__SAMPLE_RATIO", ratio),
+        ]
     }
 }
 
@@ -100,15 +129,23 @@ impl Side {
 pub struct Group {
     /// Workload.
     pub workload: Workload,
-    /// Off, ratio 0, ratio 1.0.
-    pub sides: [Side; 3],
-    /// Spans the collector received during this group.
+    /// One per [`MODES`], in its order.
+    pub sides: Vec<Side>,
+    /// Spans the accepting collector received during this group (ratio 0 and 1.0).
     pub spans_exported: u64,
-    /// `tombstoned_trace_spans_dropped_total` of the ratio-1.0 daemon at its end.
-    pub spans_dropped: Option<f64>,
+    /// `tombstoned_trace_spans_dropped_total` of each tracing daemon at the end, by mode.
+    pub spans_dropped: Vec<(Mode, Option<f64>)>,
 }
 
-/// The loopback OTLP/HTTP collector: counts the spans of every export it decodes.
+/// How a collector answers.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Accept,
+    Fail,
+    Late,
+}
+
+/// A loopback OTLP/HTTP collector: counts the spans of every export it decodes and accepts.
 struct Collector {
     url: String,
     spans: Arc<AtomicU64>,
@@ -116,7 +153,7 @@ struct Collector {
 }
 
 impl Collector {
-    async fn start() -> Result<Collector> {
+    async fn start(answer: Answer) -> Result<Collector> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let spans = Arc::new(AtomicU64::new(0));
@@ -126,8 +163,13 @@ impl Collector {
             axum::routing::post(move |body: Bytes| {
                 let counted = counted.clone();
                 async move {
+                    match answer {
+                        Answer::Fail => return StatusCode::INTERNAL_SERVER_ERROR,
+                        Answer::Late => tokio::time::sleep(LATE).await,
+                        Answer::Accept => {}
+                    }
                     let Ok(request) = ExportTraceServiceRequest::decode(body.as_ref()) else {
-                        return axum::http::StatusCode::BAD_REQUEST;
+                        return StatusCode::BAD_REQUEST;
                     };
                     let n: usize = request
                         .resource_spans
@@ -136,7 +178,7 @@ impl Collector {
                         .map(|s| s.spans.len())
                         .sum();
                     counted.fetch_add(n as u64, Ordering::Relaxed);
-                    axum::http::StatusCode::OK
+                    StatusCode::OK
                 }
             }),
         );
@@ -153,13 +195,35 @@ impl Drop for Collector {
     }
 }
 
+/// The collectors of the modes, and the endpoint where none listens.
+struct Collectors {
+    accepting: Collector,
+    failing: Collector,
+    late: Collector,
+    down: String,
+}
+
+impl Collectors {
+    async fn start() -> Result<Collectors> {
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let down = format!("http://{}", closed.local_addr()?);
+        drop(closed);
+        Ok(Collectors {
+            accepting: Collector::start(Answer::Accept).await?,
+            failing: Collector::start(Answer::Fail).await?,
+            late: Collector::start(Answer::Late).await?,
+            down,
+        })
+    }
+}
+
 /// Scenario 12.
 pub async fn scenario12(bench: &mut Bench) -> Result<ScenarioResult> {
     let template = bench.template("s4").await?;
-    let collector = Collector::start().await?;
+    let collectors = Collectors::start().await?;
     let mut groups = Vec::new();
     for workload in [Workload::Replays, Workload::Claims] {
-        groups.push(group(bench, &template, workload, &collector).await?);
+        groups.push(group(bench, &template, workload, &collectors).await?);
     }
     let quick = bench.scale.quick;
     let mut checks = Vec::new();
@@ -245,6 +309,7 @@ pub async fn scenario12(bench: &mut Bench) -> Result<ScenarioResult> {
             "warmup_seconds": bench.scale.s4_warmup_seconds,
             "replay_keys": bench.scale.s4_replay_keys,
             "modes": MODES,
+            "late_collector_answers_after_seconds": LATE.as_secs(),
             "groups": groups,
         }),
         seconds: 0.0,
@@ -255,7 +320,7 @@ async fn group(
     bench: &Bench,
     template: &str,
     workload: Workload,
-    collector: &Collector,
+    collectors: &Collectors,
 ) -> Result<Group> {
     let db = bench
         .server
@@ -265,21 +330,14 @@ async fn group(
     let url = bench.server.url(&db);
     let mut daemons = Vec::new();
     for mode in MODES {
-        let env: Vec<(&str, &str)> = match mode.ratio() {
-            None => Vec::new(),
-            Some(ratio) => vec![
-                ("TOMBSTONED_TRACING__OTLP_ENDPOINT", collector.url.as_str()),
-                ("TOMBSTONED_TRACING__SAMPLE_RATIO", ratio),
-            ],
-        };
-        daemons.push(Daemon::start_on(bench, &url, CLIENTS, &env).await?);
+        daemons.push(Daemon::start_on(bench, &url, CLIENTS, &mode.env(collectors)).await?);
     }
     let postmaster = cpu::postmaster_pid(bench.server.data_dir());
     let admin = bench.server.admin().await?;
     let warmup = Duration::from_secs(bench.scale.s4_warmup_seconds);
     let duration = Duration::from_secs(bench.scale.s4_seconds);
-    let spans_before = collector.spans.load(Ordering::Relaxed);
-    let mut sides: [Side; 3] = Default::default();
+    let spans_before = collectors.accepting.spans.load(Ordering::Relaxed);
+    let mut sides = vec![Side::default(); MODES.len()];
     for rep in 0..bench.scale.reps {
         for turn in 0..MODES.len() {
             let i = (turn + rep) % MODES.len();
@@ -291,7 +349,7 @@ async fn group(
                 closed_loop(daemon.api, CLIENTS, Duration::ZERO, duration, make.clone()).await?;
             let spent = cpu::Sample::take(postmaster, Some(daemon.pid)).since(&before);
             eprintln!(
-                "  rep {rep} {workload:?} x{CLIENTS} tracing {:<9} {:>7.0} req/s, p99 {:>6.2} ms, \
+                "  rep {rep} {workload:?} x{CLIENTS} tracing {:<20} {:>7.0} req/s, p99 {:>6.2} ms, \
                  errors {}, daemon CPU µs/req {:.1}; idle {:.0}%",
                 MODES[i].label(),
                 r.per_second,
@@ -304,12 +362,16 @@ async fn group(
             sides[i].cpu.push(spent);
         }
     }
-    let spans_dropped = metric(&daemons[2], "tombstoned_trace_spans_dropped_total").await;
+    let mut spans_dropped = Vec::new();
+    for (mode, daemon) in MODES.iter().zip(&daemons).skip(1) {
+        let dropped = metric(daemon, "tombstoned_trace_spans_dropped_total").await;
+        spans_dropped.push((*mode, dropped));
+    }
     for daemon in daemons {
         daemon.stop().await?;
     }
-    let spans_exported = collector.spans.load(Ordering::Relaxed) - spans_before;
-    eprintln!("  {workload:?}: {spans_exported} spans exported, {spans_dropped:?} dropped");
+    let spans_exported = collectors.accepting.spans.load(Ordering::Relaxed) - spans_before;
+    eprintln!("  {workload:?}: {spans_exported} spans exported; dropped {spans_dropped:?}");
     bench.server.drop_db(&db).await?;
     Ok(Group {
         workload,

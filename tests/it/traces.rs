@@ -403,16 +403,7 @@ async fn the_python_clients_caller_trace_reaches_the_receiver() {
     )
     .await;
 
-    let collector = Collector::start().await;
-    let receiver = Receiver::start(&env.db).await;
-    let (_dir, secret) = secret_file();
-    let _daemon = Daemon::start(
-        Spec::new(&env.db.url)
-            .config(&outbox_section(&receiver.url, &secret, &[]))
-            .config("[api]\nenabled = false\n[cleanup]\nenabled = false\n")
-            .config(&tracing_section(&collector, "0.0")),
-    )
-    .await;
+    let relay = TracedRelay::start(&env).await;
     let (trace, caller_span) = new_ids();
     let script = r#"
 import os, psycopg, tombstoned
@@ -441,31 +432,63 @@ print(event)
         .trim()
         .parse()
         .unwrap();
-    assert_caller_trace_delivered(&collector, &receiver, event, &trace, &caller_span).await;
+    relay
+        .assert_caller_trace_delivered(event, &trace, &caller_span)
+        .await;
 }
 
-/// `event`, enqueued inside the caller's span `caller_span` of `trace`, was delivered with a
-/// span of that trace linked to it, and the receiver got that span's `traceparent`.
-async fn assert_caller_trace_delivered(
-    collector: &Collector,
-    receiver: &Receiver,
-    event: uuid::Uuid,
-    trace: &str,
-    caller_span: &str,
-) {
-    receiver.wait_arrivals(event, 1).await;
-    let spans = collector
-        .wait_for("the delivery's span", PATIENCE, |spans| {
-            !in_trace(spans, trace).is_empty()
-        })
+/// A relay (the daemon, API off) delivering to a webhook receiver, with traces on (ratio 0: only
+/// a caller's sampled trace is recorded) and exported to a collector.
+struct TracedRelay {
+    collector: Collector,
+    receiver: Receiver,
+    _secret: tempfile::TempDir,
+    _daemon: Daemon,
+}
+
+impl TracedRelay {
+    async fn start(env: &ClientEnv) -> TracedRelay {
+        let collector = Collector::start().await;
+        let receiver = Receiver::start(&env.db).await;
+        let (dir, secret) = secret_file();
+        let daemon = Daemon::start(
+            Spec::new(&env.db.url)
+                .config(&outbox_section(&receiver.url, &secret, &[]))
+                .config("[api]\nenabled = false\n[cleanup]\nenabled = false\n")
+                .config(&tracing_section(&collector, "0.0")),
+        )
         .await;
-    let delivery = one(&in_trace(&spans, trace), "POST");
-    assert_eq!(delivery.links, [(trace.to_owned(), caller_span.to_owned())]);
-    assert_eq!(delivery.parent_span_id, caller_span);
-    assert_eq!(
-        receiver.arrivals_of(event)[0].traceparent.as_deref(),
-        Some(format!("00-{trace}-{}-01", delivery.span_id).as_str())
-    );
+        TracedRelay {
+            collector,
+            receiver,
+            _secret: dir,
+            _daemon: daemon,
+        }
+    }
+
+    /// `event`, enqueued inside the caller's span `caller_span` of `trace`, was delivered with a
+    /// span of that trace linked to it, and the receiver got that span's `traceparent`.
+    async fn assert_caller_trace_delivered(
+        &self,
+        event: uuid::Uuid,
+        trace: &str,
+        caller_span: &str,
+    ) {
+        self.receiver.wait_arrivals(event, 1).await;
+        let spans = self
+            .collector
+            .wait_for("the delivery's span", PATIENCE, |spans| {
+                !in_trace(spans, trace).is_empty()
+            })
+            .await;
+        let delivery = one(&in_trace(&spans, trace), "POST");
+        assert_eq!(delivery.links, [(trace.to_owned(), caller_span.to_owned())]);
+        assert_eq!(delivery.parent_span_id, caller_span);
+        assert_eq!(
+            self.receiver.arrivals_of(event)[0].traceparent.as_deref(),
+            Some(format!("00-{trace}-{}-01", delivery.span_id).as_str())
+        );
+    }
 }
 
 /// The Node client (issue 38) passes its caller's trace on, as the Python client does: its
@@ -479,16 +502,7 @@ async fn the_node_clients_caller_trace_reaches_the_receiver() {
     let node = std::path::Path::new("node");
     run_suite(&env, &project, node, &["--test", "test/trace.test.js"], &[]).await;
 
-    let collector = Collector::start().await;
-    let receiver = Receiver::start(&env.db).await;
-    let (_dir, secret) = secret_file();
-    let _daemon = Daemon::start(
-        Spec::new(&env.db.url)
-            .config(&outbox_section(&receiver.url, &secret, &[]))
-            .config("[api]\nenabled = false\n[cleanup]\nenabled = false\n")
-            .config(&tracing_section(&collector, "0.0")),
-    )
-    .await;
+    let relay = TracedRelay::start(&env).await;
     let (trace, caller_span) = new_ids();
     let script = r#"
 import pg from 'pg';
@@ -524,5 +538,7 @@ console.log(event);
         .trim()
         .parse()
         .unwrap();
-    assert_caller_trace_delivered(&collector, &receiver, event, &trace, &caller_span).await;
+    relay
+        .assert_caller_trace_delivered(event, &trace, &caller_span)
+        .await;
 }
