@@ -374,6 +374,11 @@ async fn send(exporter: &Exporter, queue: &Queue, batch: Vec<SpanData>, within: 
     match exported {
         Ok(Ok(rejected)) => drops.add(rejected, || "the collector rejected them".to_owned()),
         Ok(Err(failure)) => drops.add(n, || failure.reason()),
-        Err(_) => drops.add(n, || "not exported before shutdown".to_owned()),
+        Err(_) => drops.add(n, || {
+            format!(
+                "the export did not finish within {}",
+                humantime::format_duration(within)
+            )
+        }),
     }
 }

@@ -294,12 +294,14 @@ async fn one_trace_from_the_callers_request_through_the_claim_and_the_outbox_to_
 }
 
 /// A collector that answers 500, then answers only after 5 s, then is down: every claim still
-/// answers at once, and the spans it could not take are dropped, counted and logged once.
+/// answers at once, and the spans it could not take are dropped, counted and logged at most once
+/// a minute. Then, with the collector stalling again, a SIGTERM: the daemon still exits within
+/// the flush bound, the spans it could not send counted in its last log line.
 #[tokio::test]
 async fn a_failing_slow_or_absent_collector_costs_the_requests_nothing() {
     let db = TestDb::new().await;
-    let collector = Collector::start().await;
-    let daemon = Daemon::start(
+    let mut collector = Collector::start().await;
+    let mut daemon = Daemon::start(
         Spec::new(&db.url)
             .config("[cleanup]\nenabled = false\n")
             .config(&tracing_section(&collector, "1.0")),
@@ -307,7 +309,6 @@ async fn a_failing_slow_or_absent_collector_costs_the_requests_nothing() {
     .await;
     let dropped = "tombstoned_trace_spans_dropped_total";
     assert_eq!(daemon.metric(dropped).await, Some(0.0));
-
     let started = Instant::now();
     let mut n = 0;
     let mut claims = |count: usize| -> Vec<String> {
@@ -318,8 +319,8 @@ async fn a_failing_slow_or_absent_collector_costs_the_requests_nothing() {
             })
             .collect()
     };
-    // Each claim's duration; the slowest is the figure (a blocked export would show here).
-    async fn timed(daemon: &Daemon, keys: Vec<String>) -> Duration {
+    // The slowest claim of `keys`, one after another (an export in their way would show here).
+    async fn slowest(daemon: &Daemon, keys: Vec<String>) -> Duration {
         let mut slowest = Duration::ZERO;
         for key in keys {
             let started = Instant::now();
@@ -328,54 +329,73 @@ async fn a_failing_slow_or_absent_collector_costs_the_requests_nothing() {
         }
         slowest
     }
+    async fn wait_until(what: &str, done: impl AsyncFn() -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !done().await {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let drops = async |daemon: &Daemon| daemon.metric(dropped).await.unwrap_or(0.0);
 
     collector.answer(Answer::Status(500));
-    let slowest_500 = timed(&daemon, claims(30)).await;
-    let deadline = Instant::now() + PATIENCE;
-    while daemon.metric(dropped).await.unwrap_or(0.0) < 1.0 {
-        assert!(Instant::now() < deadline, "no drop counted for HTTP 500");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let failing = slowest(&daemon, claims(30)).await;
+    wait_until("a drop counted for HTTP 500", async || {
+        drops(&daemon).await >= 1.0
+    })
+    .await;
 
     collector.answer(Answer::Late(Duration::from_secs(5)));
-    let requests_before = collector.requests();
-    let slowest_late = timed(&daemon, claims(30)).await;
-    // An export is waiting for the late answer while the claims above ran.
-    let deadline = Instant::now() + PATIENCE;
-    while collector.requests() == requests_before {
-        assert!(
-            Instant::now() < deadline,
-            "no export reached the late collector"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let slowest_late = slowest_late.max(timed(&daemon, claims(10)).await);
+    let requests = collector.requests();
+    let mut late = slowest(&daemon, claims(30)).await;
+    wait_until("an export reached the late collector", async || {
+        collector.requests() > requests
+    })
+    .await;
+    // Claims while that export waits for its answer.
+    late = late.max(slowest(&daemon, claims(10)).await);
 
-    let dropped_before_down = daemon.metric(dropped).await.unwrap_or(0.0);
-    drop(collector);
-    let slowest_down = timed(&daemon, claims(30)).await;
-    let deadline = Instant::now() + PATIENCE;
-    while daemon.metric(dropped).await.unwrap_or(0.0) <= dropped_before_down {
-        assert!(
-            Instant::now() < deadline,
-            "no drop counted with the collector down"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    println!(
-        "slowest claim: collector 500 {slowest_500:?}, late {slowest_late:?}, down {slowest_down:?}"
-    );
+    let before_down = drops(&daemon).await;
+    collector.down().await;
+    let down = slowest(&daemon, claims(30)).await;
+    wait_until("a drop counted with the collector down", async || {
+        drops(&daemon).await > before_down
+    })
+    .await;
+    println!("slowest claim: collector 500 {failing:?}, late {late:?}, down {down:?}");
     // Far below the 5 s the late collector takes: no claim waited for an export.
-    for slowest in [slowest_500, slowest_late, slowest_down] {
+    for slowest in [failing, late, down] {
         assert!(slowest < Duration::from_secs(2), "{slowest:?}");
     }
-    // Logged at most once a minute (and at least once).
     let log = daemon.log();
     let lines = log
         .matches("trace spans dropped (tombstoned_trace_spans_dropped_total)")
         .count() as u64;
     let minutes = started.elapsed().as_secs() / 60;
     assert!((1..=1 + minutes).contains(&lines), "{lines} lines: {log}");
+
+    // Stalling again, with spans queued and an export waiting for its answer: a SIGTERM ends
+    // the daemon within the flush bound (5 s) and a little, not the collector's time.
+    collector.up().await;
+    let requests = collector.requests();
+    slowest(&daemon, claims(10)).await;
+    wait_until("an export reached the stalling collector", async || {
+        collector.requests() > requests
+    })
+    .await;
+    slowest(&daemon, claims(10)).await;
+    let stopping = Instant::now();
+    daemon.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = daemon.wait_exit(PATIENCE).await;
+    let took = stopping.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < tombstoned::telemetry::FLUSH_BOUND + Duration::from_secs(3),
+        "stopped after {took:?}"
+    );
+    daemon
+        .wait_for_log(&["trace spans dropped since the last report"])
+        .await;
 }
 
 /// The Python client (issue 38) passes its caller's trace on: a service's `enqueue_event` inside

@@ -68,40 +68,63 @@ struct Shared {
     requests: Mutex<u64>,
 }
 
-/// A running receiver; dropped, it is down.
+/// A running receiver; dropped, or after [`Collector::down`], it is down.
 pub struct Collector {
     /// The OTLP/HTTP base URL (`http://127.0.0.1:<port>`) for `tracing.otlp_endpoint`.
     pub url: String,
+    port: u16,
     shared: Arc<Shared>,
+    server: Option<Server>,
+}
+
+/// The listening server: its task and what stops it.
+struct Server {
     task: JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Drop for Collector {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(server) = self.server.take() {
+            server.task.abort();
+        }
     }
 }
 
 impl Collector {
     /// A receiver that accepts every export.
     pub async fn start() -> Collector {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared {
             answer: Mutex::new(Answer::Accept),
             spans: Mutex::new(Vec::new()),
             requests: Mutex::new(0),
         });
-        let router = axum::Router::new()
-            .route("/v1/traces", axum::routing::post(export))
-            .with_state(shared.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, router).await;
-        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = Some(serve(listener, shared.clone()));
         Collector {
             url: format!("http://127.0.0.1:{port}"),
+            port,
             shared,
-            task,
+            server,
+        }
+    }
+
+    /// Stops listening and closes every connection (an export in flight gets its answer first):
+    /// an exporter now finds nothing there.
+    pub async fn down(&mut self) {
+        if let Some(server) = self.server.take() {
+            let _ = server.stop.send(());
+            let _ = server.task.await;
+        }
+    }
+
+    /// Listens again on the same port.
+    pub async fn up(&mut self) {
+        if self.server.is_none() {
+            let address = format!("127.0.0.1:{}", self.port);
+            let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+            self.server = Some(serve(listener, self.shared.clone()));
         }
     }
 
@@ -141,6 +164,23 @@ impl Collector {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Serves `POST /v1/traces` on `listener` until told to stop (gracefully: idle keep-alive
+/// connections are closed too).
+fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> Server {
+    let router = axum::Router::new()
+        .route("/v1/traces", axum::routing::post(export))
+        .with_state(shared);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Server { task, stop }
 }
 
 async fn export(State(s): State<Arc<Shared>>, body: Bytes) -> (StatusCode, Vec<u8>) {
