@@ -124,8 +124,8 @@ pub const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)"
 /// `$9` amount as a decimal string with the currency's minor digits, `$10` currency,
 /// `$11` item, `$12` quantity, `$13` recipient, `$14` replay window in microseconds,
 /// `$15` new event id (uuid v7), `$16` metadata (jsonb or NULL), `$17` the request's trace
-/// context as a W3C `traceparent` (text, or NULL with tracing off), stored with the event so the
-/// relay's delivery continues the request's trace.
+/// context (its claim span) as a W3C `traceparent` (text, or NULL: tracing off or sampled out),
+/// stored with the event so the relay's delivery continues the request's trace.
 ///
 /// Returns [`CLAIM_RESULT_COLUMNS`]: one row with `created` to the owner (`body`,
 /// `order_id`); one row with `created = false` describing the record when the statement's

@@ -7,8 +7,8 @@ use std::future::Future;
 use futures::future::Either;
 use opentelemetry::context::{FutureExt as _, WithContext};
 use opentelemetry::trace::{
-    Link, SpanContext, SpanId, Status, TraceContextExt as _, TraceFlags, TraceId, TraceState,
-    Tracer as _,
+    Link, Span as _, SpanContext, SpanId, Status, TraceContextExt as _, TraceFlags, TraceId,
+    TraceState, Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
 
@@ -43,8 +43,9 @@ impl Span {
         Self::start(tracer, name, Kind::Server, &parent, None, attributes)
     }
 
-    /// A span inside the current one (the context [`Span::in_scope`] made current), or the root
-    /// of a new trace when there is none.
+    /// A span inside the current one (the context [`Span::in_scope`] made current); nothing when
+    /// no recorded span is current (tracing off, a trace sampled out, or work outside a request
+    /// or run): a child never starts a trace of its own.
     pub fn child(
         name: impl Into<Cow<'static, str>>,
         kind: Kind,
@@ -53,7 +54,12 @@ impl Span {
         let Some(tracer) = tracer() else {
             return Span::none();
         };
-        Context::map_current(|parent| Self::start(tracer, name, kind, parent, None, attributes))
+        Context::map_current(|parent| {
+            if !parent.has_active_span() {
+                return Span::none();
+            }
+            Self::start(tracer, name, kind, parent, None, attributes)
+        })
     }
 
     /// The root of a new trace, whatever is current (a cleanup run).
@@ -128,11 +134,14 @@ impl Span {
             builder = builder.with_links(vec![Link::with_context(origin)]);
         }
         let span = builder.start_with_context(tracer, parent);
-        let cx = parent.with_span(span);
-        // An unsampled span records nothing: its attributes are not even made.
-        if cx.span().is_recording() {
-            cx.span().set_attributes(attributes());
+        // A span sampled out is no span at all: no context is carried, no child, attribute, log
+        // id or stored traceparent is made for it, so a trace not recorded costs little more
+        // than the sampler's decision.
+        if !span.span_context().is_sampled() {
+            return Span::none();
         }
+        let cx = parent.with_span(span);
+        cx.span().set_attributes(attributes());
         Span(Some(cx))
     }
 

@@ -85,8 +85,8 @@ async fn one_trace_from_the_callers_request_through_the_claim_and_the_outbox_to_
     )
     .await;
 
-    // A caller whose trace is sampled out, and one without a trace: nothing recorded, their
-    // events delivered (with the unsampled context they ran in, as W3C propagation says).
+    // A caller whose trace is sampled out, and one without a trace: nothing recorded, and their
+    // events stored without a context, delivered as before traces.
     let (unsampled_trace, unsampled_parent) = new_ids();
     let unsampled = format!("00-{unsampled_trace}-{unsampled_parent}-00");
     assert_eq!(
@@ -95,8 +95,10 @@ async fn one_trace_from_the_callers_request_through_the_claim_and_the_outbox_to_
     );
     assert_eq!(post(&daemon, "trace-key-untraced", None).await, 201);
     for key in ["trace-key-unsampled", "trace-key-untraced"] {
-        let (event, _) = order_event(&client, key).await;
+        let (event, stored) = order_event(&client, key).await;
+        assert_eq!(stored, None, "{key}");
         receiver.wait_arrivals(event, 1).await;
+        assert_eq!(receiver.arrivals_of(event)[0].traceparent, None, "{key}");
     }
 
     // A caller's sampled trace.
@@ -177,8 +179,8 @@ async fn one_trace_from_the_callers_request_through_the_claim_and_the_outbox_to_
     assert_eq!(statement.kind, CLIENT);
     assert_eq!(statement.attribute("db.system.name"), Some("postgresql"));
     assert_eq!(
-        statement.span_id, stored_span,
-        "the event stores its statement's span"
+        claim.span_id, stored_span,
+        "the event stores its claim's span"
     );
 
     // The delivery: in the trace, linked to where the event was enqueued, and the receiver
