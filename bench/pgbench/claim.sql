@@ -51,12 +51,10 @@ WITH scope AS (
     FROM claim
     RETURNING order_id
 ), event AS (
-    INSERT INTO "tombstoned".outbox_events
-        (event_id, tenant_id, order_id, event_type, payload, traceparent)
+    INSERT INTO "tombstoned".outbox_events (event_id, tenant_id, order_id, event_type, payload)
     SELECT :event_id, :tenant, new_order.order_id, 'order.created',
            jsonb_build_object('order', claim.response_body,
-                              'metadata', coalesce(:metadata::jsonb, '{}'::jsonb)),
-           NULL::text
+                              'metadata', coalesce(:metadata::jsonb, '{}'::jsonb))
     FROM new_order CROSS JOIN claim
 )
 SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,

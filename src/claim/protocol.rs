@@ -334,7 +334,6 @@ async fn owner_attempt(
                     &window_micros,
                     &event_id,
                     &o.metadata,
-                    &crate::telemetry::current_traceparent(),
                     &lock_timeout,
                 ],
             )
@@ -378,16 +377,31 @@ async fn claim_statement(
     lock_timeout: &str,
     params: &[&dyn Param],
 ) -> Result<Vec<Row>, PipelineFailure> {
+    // The claim span's context, for the order's outbox event (README "Traces"): set in the
+    // claim's own transaction, so only while a recorded trace is current.
+    let trace = crate::telemetry::current_traceparent();
     if client.pooler().keeps_prepared_statements() {
         let statement_params = params.split_last().map_or(params, |(_, rest)| rest);
-        return in_transaction(
-            client,
-            sql::SET_LOCK_TIMEOUT,
-            statement,
-            lock_timeout,
-            statement_params,
-        )
-        .await;
+        return match &trace {
+            None => {
+                in_transaction(
+                    client,
+                    sql::SET_LOCK_TIMEOUT,
+                    statement,
+                    lock_timeout,
+                    statement_params,
+                )
+                .await
+            }
+            Some(trace) => {
+                traced_transaction(client, statement, lock_timeout, trace, statement_params).await
+            }
+        };
+    }
+    // Through a transaction pooler the call is one implicit transaction; the trace context
+    // needs a statement of its own before it, so a traced claim runs in an explicit one.
+    if let Some(trace) = &trace {
+        return traced_transaction(client, statement, lock_timeout, trace, params).await;
     }
     match pipeline::alone(client, statement, params).await {
         Err(failure) if db::classify(&failure.error) == ErrorClass::WrongIsolation => {
@@ -406,6 +420,25 @@ async fn claim_statement(
         }
         done => done,
     }
+}
+
+/// [`in_transaction`] with the trace context set beside the lock timeout
+/// ([`sql::SET_LOCK_TIMEOUT_AND_TRACE`]).
+async fn traced_transaction(
+    client: &Conn<'_>,
+    statement: &'static str,
+    lock_timeout: &str,
+    trace: &str,
+    params: &[&dyn Param],
+) -> Result<Vec<Row>, PipelineFailure> {
+    pipeline::query(
+        client,
+        sql::SET_LOCK_TIMEOUT_AND_TRACE,
+        &[&lock_timeout, &trace],
+        statement,
+        params,
+    )
+    .await
 }
 
 fn owned(row: Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {

@@ -116,6 +116,14 @@ pub const BEGIN: &str = crate::db::sql::BEGIN_READ_COMMITTED;
 /// the connection goes back to the pool nothing needs restoring.
 pub const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
 
+/// [`SET_LOCK_TIMEOUT`], and `$2` the request's trace context (a W3C `traceparent`, its claim
+/// span) as the transaction-local `tombstoned.traceparent`, which the default of
+/// `outbox_events.traceparent` (schema V9) stores with the order's event. Sent instead of
+/// [`SET_LOCK_TIMEOUT`] only while a recorded trace is current: with tracing off, or a trace
+/// sampled out, the claim's transaction is what it was before traces.
+pub const SET_LOCK_TIMEOUT_AND_TRACE: &str = "SELECT set_config('lock_timeout', $1, true), \
+set_config('tombstoned.traceparent', $2, true)";
+
 /// Claim the key and, only if this transaction now owns it, create the order and its outbox
 /// event — one statement.
 ///
@@ -123,9 +131,7 @@ pub const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)"
 /// (bytea, 32 bytes), `$6` new order id (uuid v7), `$7` request_id, `$8` amount_minor,
 /// `$9` amount as a decimal string with the currency's minor digits, `$10` currency,
 /// `$11` item, `$12` quantity, `$13` recipient, `$14` replay window in microseconds,
-/// `$15` new event id (uuid v7), `$16` metadata (jsonb or NULL), `$17` the request's trace
-/// context (its claim span) as a W3C `traceparent` (text, or NULL: tracing off or sampled out),
-/// stored with the event so the relay's delivery continues the request's trace.
+/// `$15` new event id (uuid v7), `$16` metadata (jsonb or NULL).
 ///
 /// Returns [`CLAIM_RESULT_COLUMNS`]: one row with `created` to the owner (`body`,
 /// `order_id`); one row with `created = false` describing the record when the statement's
@@ -159,12 +165,10 @@ pub const CLAIM_AND_CREATE: &str =
     "    FROM claim\n",
     "    RETURNING order_id\n",
     "), event AS (\n",
-    "    INSERT INTO {schema}.outbox_events\n",
-    "        (event_id, tenant_id, order_id, event_type, payload, traceparent)\n",
+    "    INSERT INTO {schema}.outbox_events (event_id, tenant_id, order_id, event_type, payload)\n",
     "    SELECT $15, $1, new_order.order_id, 'order.created',\n",
     "           jsonb_build_object('order', claim.response_body,\n",
-    "                              'metadata', coalesce($16::jsonb, '{}'::jsonb)),\n",
-    "           $17::text\n",
+    "                              'metadata', coalesce($16::jsonb, '{}'::jsonb))\n",
     "    FROM new_order CROSS JOIN claim\n",
     claim_result!()
 );
@@ -194,16 +198,15 @@ pub const CLAIM_REJECTED: &str = concat!(
     claim_result!()
 );
 
-/// [`CLAIM_AND_CREATE`] run by its function (`endpoint_claim_order`, migration V6, recreated
-/// with the trace context by V9), whose body is that statement's text: same parameters with the
-/// same types (`$1`-`$17`), same result columns, same locks and errors. Before it, the function
-/// refuses a transaction that is not READ COMMITTED ([`crate::db::WRONG_ISOLATION`]) and sets
-/// `lock_timeout` to `$18`
+/// [`CLAIM_AND_CREATE`] run by its function (`endpoint_claim_order`, migration V6), whose body
+/// is that statement's text: same parameters with the same types (`$1`-`$16`), same result
+/// columns, same locks and errors. Before it, the function refuses a transaction that is not
+/// READ COMMITTED ([`crate::db::WRONG_ISOLATION`]) and sets `lock_timeout` to `$17`
 /// transaction-locally, so through a transaction pooler this call *is* the owner attempt's
 /// transaction: one statement, implicitly committed ([`crate::claim`]'s module docs). Sent only
 /// through a transaction pooler ([`claim_and_create`]).
 pub const CALL_CLAIM_AND_CREATE: &str = "SELECT * FROM {schema}.endpoint_claim_order(\
-$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
 
 /// [`CLAIM_REJECTED`] run by its function (`endpoint_claim_rejected`, migration V6), as
 /// [`CALL_CLAIM_AND_CREATE`] runs [`CLAIM_AND_CREATE`] (`$9`: the lock timeout).
@@ -395,6 +398,7 @@ pub const FIND_ORDER_BY_REQUEST_ID: &str = concat!(
 pub const STATEMENTS: &[(&str, &str)] = &[
     ("begin", BEGIN),
     ("set_lock_timeout", SET_LOCK_TIMEOUT),
+    ("set_lock_timeout_and_trace", SET_LOCK_TIMEOUT_AND_TRACE),
     ("set_replay_settings", SET_REPLAY_SETTINGS),
     ("claim_and_create", CLAIM_AND_CREATE),
     ("claim_rejected", CLAIM_REJECTED),

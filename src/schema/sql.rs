@@ -39,7 +39,7 @@ pub const API_VERSION: &str = "SELECT {schema}.api_version()";
 pub const MAY_EXECUTE_CLAIM_FUNCTIONS: &str = "\
 SELECT current_user::text,
        has_function_privilege('{schema}.endpoint_claim_order(text, text, text, text, bytea, uuid, \
-text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, text, text)', 'EXECUTE')
+text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, text)', 'EXECUTE')
        AND has_function_privilege('{schema}.endpoint_claim_rejected(text, text, text, text, \
 bytea, smallint, jsonb, bigint, text)', 'EXECUTE')";
 

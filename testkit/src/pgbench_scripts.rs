@@ -16,7 +16,7 @@ use tombstoned::db::sql::qualify;
 const SCHEMA: &str = "tombstoned";
 
 /// `claim_and_create`'s parameters, in order (docs in `tombstoned::claim::sql::CLAIM_AND_CREATE`).
-const CLAIM_PARAMS: [&str; 17] = [
+const CLAIM_PARAMS: [&str; 16] = [
     "tenant",
     "principal",
     "operation",
@@ -33,12 +33,7 @@ const CLAIM_PARAMS: [&str; 17] = [
     "window_us",
     "event_id",
     "metadata",
-    // The request's trace context: NULL, as the API sends it with tracing off (the default).
-    NULL,
 ];
-
-/// A parameter pgbench sends as the SQL literal NULL (it cannot define a NULL variable).
-const NULL: &str = "NULL";
 
 /// `set_lock_timeout`'s parameter.
 const LOCK_PARAMS: [&str; 1] = ["lock_timeout"];
@@ -46,7 +41,7 @@ const LOCK_PARAMS: [&str; 1] = ["lock_timeout"];
 /// Where the decimal keys of the replay set start (`seed::DECIMAL_KEY_BASE`).
 pub const DECIMAL_KEY_BASE: i64 = 1_000_000_000_000_000_000;
 
-/// Replaces every `$n` with `:names[n - 1]`, or with `NULL` where that name is [`NULL`].
+/// Replaces every `$n` with `:names[n - 1]`.
 ///
 /// # Panics
 /// When a placeholder has no name: the statement changed and this table must follow.
@@ -71,9 +66,7 @@ pub fn substitute(statement: &str, names: &[&str]) -> String {
         let name = names
             .get(n - 1)
             .unwrap_or_else(|| panic!("no pgbench variable for ${n}"));
-        if *name != NULL {
-            out.push(':');
-        }
+        out.push(':');
         out.push_str(name);
     }
     out

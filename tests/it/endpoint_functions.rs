@@ -14,7 +14,7 @@ use crate::ops_support::repo_root;
 /// The functions' argument lists, as `regprocedure` names them.
 const CLAIM_ORDER: &str = "tombstoned.endpoint_claim_order(text, text, text, text, bytea, uuid, \
                            text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, \
-                           text, text)";
+                           text)";
 /// The first function's name, for calling it.
 const CLAIM_ORDER_NAME: &str = "tombstoned.endpoint_claim_order";
 const CLAIM_REJECTED_FN: &str = "tombstoned.endpoint_claim_rejected(text, text, text, text, \
@@ -191,7 +191,7 @@ async fn under_another_default_isolation_the_claim_still_runs_read_committed() {
             &format!(
                 "SELECT * FROM {CLAIM_ORDER_NAME}('t', 'p', 'create-order', 'k', \
                  '\\x{fp}'::bytea, gen_random_uuid(), 'r', 100, '1.00', 'CNY', 'book', 1, 'x', \
-                 3600000000, gen_random_uuid(), NULL, NULL, '2000ms')",
+                 3600000000, gen_random_uuid(), NULL, '2000ms')",
                 fp = "00".repeat(32)
             ),
             &[],

@@ -232,9 +232,9 @@ async fn endpoint_functions_are_the_endpoints_statements(client: &Client) {
     for (function, statement, lock_timeout) in [
         (
             "tombstoned.endpoint_claim_order(text, text, text, text, bytea, uuid, text, bigint, \
-             text, text, text, integer, text, bigint, uuid, jsonb, text, text)",
+             text, text, text, integer, text, bigint, uuid, jsonb, text)",
             CLAIM_AND_CREATE,
-            18,
+            17,
         ),
         (
             "tombstoned.endpoint_claim_rejected(text, text, text, text, bytea, smallint, jsonb, \

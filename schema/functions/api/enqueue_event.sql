@@ -11,10 +11,6 @@ AS $function$
 DECLARE
     next_sequence integer;
     new_id uuid := gen_random_uuid();
-    -- The caller's trace context (`SET LOCAL tombstoned.traceparent = '00-...'`), kept only
-    -- when it is a W3C traceparent: a wrong or missing one never fails the caller's transaction,
-    -- its event is then delivered without a context, as before V9.
-    trace_context text := current_setting('tombstoned.traceparent', true);
 BEGIN
     IF enqueue_event.tenant_id IS NULL OR enqueue_event.tenant_id = '' THEN
         RAISE EXCEPTION 'invalid argument tenant_id: must be a non-empty text'
@@ -39,24 +35,15 @@ BEGIN
             USING ERRCODE = '42501',
                   HINT = 'An operation is granted to the role by `tombstoned operations grant OPERATION ROLE`.';
     END IF;
-    IF trace_context IS NOT NULL
-       AND (trace_context !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
-            OR trace_context ~ '^ff-'
-            OR substr(trace_context, 4, 32) = repeat('0', 32)
-            OR substr(trace_context, 37, 16) = repeat('0', 16)) THEN
-        trace_context := NULL;
-    END IF;
     INSERT INTO outbox_aggregates AS a (tenant_id, aggregate_id, last_sequence)
     VALUES (enqueue_event.tenant_id, enqueue_event.aggregate_id, 1)
     ON CONFLICT (tenant_id, aggregate_id)
         DO UPDATE SET last_sequence = a.last_sequence + 1
     RETURNING a.last_sequence INTO next_sequence;
     INSERT INTO outbox_events
-        (event_id, tenant_id, order_id, aggregate_id, event_type, payload, sequence, sender,
-         traceparent)
+        (event_id, tenant_id, order_id, aggregate_id, event_type, payload, sequence, sender)
     VALUES (new_id, enqueue_event.tenant_id, NULL, enqueue_event.aggregate_id,
-            enqueue_event.event_type, enqueue_event.payload, next_sequence, session_user,
-            trace_context);
+            enqueue_event.event_type, enqueue_event.payload, next_sequence, session_user);
     RETURN new_id;
 END
 $function$

@@ -1,7 +1,7 @@
 -- Rendered from the migrated catalogue by tests/it/schema_contract.rs; do not
 -- edit: TOMBSTONED_UPDATE_SCHEMA=1 regenerates it (schema/README.md).
 
-CREATE OR REPLACE FUNCTION tombstoned.endpoint_claim_order(text, text, text, text, bytea, uuid, text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, text, text)
+CREATE OR REPLACE FUNCTION tombstoned.endpoint_claim_order(text, text, text, text, bytea, uuid, text, bigint, text, text, text, integer, text, bigint, uuid, jsonb, text)
  RETURNS TABLE(created boolean, body text, order_id uuid, fingerprint bytea, expired boolean, past_deadline boolean, status_code smallint)
  LANGUAGE plpgsql
  SET search_path TO 'tombstoned', 'pg_temp'
@@ -13,7 +13,7 @@ BEGIN
                         current_setting('transaction_isolation')
             USING ERRCODE = 'TS005';
     END IF;
-    PERFORM set_config('lock_timeout', $18, true);
+    PERFORM set_config('lock_timeout', $17, true);
     RETURN QUERY
 WITH scope AS (
     SELECT scope_id FROM idempotency_scopes
@@ -48,12 +48,10 @@ WITH scope AS (
     FROM claim
     RETURNING order_id
 ), event AS (
-    INSERT INTO outbox_events
-        (event_id, tenant_id, order_id, event_type, payload, traceparent)
+    INSERT INTO outbox_events (event_id, tenant_id, order_id, event_type, payload)
     SELECT $15, $1, new_order.order_id, 'order.created',
            jsonb_build_object('order', claim.response_body,
-                              'metadata', coalesce($16::jsonb, '{}'::jsonb)),
-           $17::text
+                              'metadata', coalesce($16::jsonb, '{}'::jsonb))
     FROM new_order CROSS JOIN claim
 )
 SELECT true AS created, response_body::text AS body, order_id, NULL::bytea AS fingerprint,
