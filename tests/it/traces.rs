@@ -564,3 +564,41 @@ console.log(event);
         .assert_caller_trace_delivered(event, &trace, &caller_span)
         .await;
 }
+
+/// Through PgBouncer in transaction mode the claim is one call of its function, an implicit
+/// transaction; a traced claim runs it in an explicit one whose first statement sets the trace
+/// context, so its order event is stored with the claim's span there too.
+#[tokio::test]
+async fn a_traced_claim_through_a_transaction_pooler_stores_its_context() {
+    use crate::pooler_support::{PgBouncer, PoolMode};
+    let bouncer = PgBouncer::start(PoolMode::Transaction, 4).await;
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let collector = Collector::start().await;
+    let daemon = Daemon::start(
+        Spec::new(&bouncer.url(&db.name))
+            .env(
+                "TOMBSTONED_DATABASE__POOLER",
+                PoolMode::Transaction.setting(),
+            )
+            .env("TOMBSTONED_DATABASE__POOL_SIZE", "4")
+            .config("[cleanup]\nenabled = false\n")
+            .config(&tracing_section(&collector, "0.0")),
+    )
+    .await;
+    let (trace, caller_span) = new_ids();
+    let caller = format!("00-{trace}-{caller_span}-01");
+    assert_eq!(post(&daemon, "pooled-sampled", Some(&caller)).await, 201);
+    assert_eq!(post(&daemon, "pooled-untraced", None).await, 201);
+    let spans = collector
+        .wait_for("the pooled claim's span", PATIENCE, |spans| {
+            spans
+                .iter()
+                .any(|s| s.trace_id == trace && s.name == "claim create-order")
+        })
+        .await;
+    let claim = one(&in_trace(&spans, &trace), "claim create-order");
+    let (_, stored) = order_event(&client, "pooled-sampled").await;
+    assert_eq!(stored, Some(format!("00-{trace}-{}-01", claim.span_id)));
+    assert_eq!(order_event(&client, "pooled-untraced").await.1, None);
+}
