@@ -440,22 +440,12 @@ with psycopg.connect(os.environ["TOMBSTONED_TEST_SERVICE_URL"]) as conn:
                                          schema=os.environ["TOMBSTONED_TEST_SCHEMA"])
 print(event)
 "#;
-    let output = tokio::process::Command::new(&python)
+    let mut caller = tokio::process::Command::new(&python);
+    caller
         .args(["-c", script])
-        .envs(env.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("PYTHONPATH", project.join("src"))
-        .env("TRACE_ID", &trace)
-        .env("SPAN_ID", &caller_span)
-        .output()
-        .await
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let event: uuid::Uuid = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+        .env("PYTHONPATH", project.join("src"));
     relay
-        .assert_caller_trace_delivered(event, &trace, &caller_span)
+        .enqueue_in_span_and_check(caller, &env, &trace, &caller_span)
         .await;
 }
 
@@ -486,6 +476,31 @@ impl TracedRelay {
             _secret: dir,
             _daemon: daemon,
         }
+    }
+
+    /// Runs `caller` (a client's script printing the id of the event it enqueued inside a span
+    /// `TRACE_ID`/`SPAN_ID`) with the suite's variables, then checks that event's delivery.
+    async fn enqueue_in_span_and_check(
+        &self,
+        mut caller: tokio::process::Command,
+        env: &ClientEnv,
+        trace: &str,
+        caller_span: &str,
+    ) {
+        let output = caller
+            .envs(env.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("TRACE_ID", trace)
+            .env("SPAN_ID", caller_span)
+            .output()
+            .await
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let event: uuid::Uuid = String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap();
+        self.assert_caller_trace_delivered(event, trace, caller_span)
+            .await;
     }
 
     /// `event`, enqueued inside the caller's span `caller_span` of `trace`, was delivered with a
@@ -546,22 +561,12 @@ await client.query('COMMIT');
 await client.end();
 console.log(event);
 "#;
-    let output = tokio::process::Command::new(node)
+    let mut caller = tokio::process::Command::new(node);
+    caller
         .args(["--input-type=module", "-e", script])
-        .current_dir(&project)
-        .envs(env.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("TRACE_ID", &trace)
-        .env("SPAN_ID", &caller_span)
-        .output()
-        .await
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let event: uuid::Uuid = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+        .current_dir(&project);
     relay
-        .assert_caller_trace_delivered(event, &trace, &caller_span)
+        .enqueue_in_span_and_check(caller, &env, &trace, &caller_span)
         .await;
 }
 
