@@ -34,6 +34,7 @@ use crate::outbox::Relay;
 use crate::scheduler::{Scheduler, SchedulerStatus};
 use crate::schema::{self, Needs};
 use crate::signals::GracefulStop;
+use crate::telemetry;
 
 /// How long in-flight API requests may take to finish after SIGTERM.
 const API_DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -55,6 +56,7 @@ const RELAY_STOP_SLACK: Duration = Duration::from_secs(30);
 pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let notifier = Notifier::from_env();
     let metrics = Arc::new(Metrics::new().context("cannot register the metrics")?);
+    let traces = start_tracing(&config, &metrics)?;
     let api_state = open_api_pool(&config, &metrics)?;
     check_schema(&config).await?;
     check_replica_lag_visible(&config).await?;
@@ -90,6 +92,7 @@ pub async fn serve(config: Config, config_path: Option<PathBuf>) -> anyhow::Resu
         relay,
         health,
         ops,
+        traces,
     };
     shut_down(tasks, &current, &notifier, &readiness, &stop).await;
     Ok(())
@@ -112,6 +115,20 @@ struct Tasks {
     /// The systemd status mirror, the readiness refresh and the watchdog.
     health: Vec<JoinHandle<()>>,
     ops: JoinHandle<Result<(), OpsServerError>>,
+    /// The trace export, flushed once the work has stopped.
+    traces: Option<telemetry::Tracing>,
+}
+
+/// Traces, when `[tracing]` names a collector: started first, so every request, run and
+/// delivery is traced; spans dropped are counted in the daemon's metrics.
+fn start_tracing(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Option<telemetry::Tracing>> {
+    Ok(telemetry::start(
+        &config.tracing,
+        Some(metrics.trace_spans_dropped.clone()),
+    )?)
 }
 
 /// The API's state, its pool opening its first connection in the background.
@@ -350,6 +367,7 @@ fn announce_ready(
         metrics = %metrics_addr,
         cleanup = %if config.cleanup.enabled { config.cleanup.schedule.to_string() } else { "disabled".into() },
         outbox = %if config.outbox.enabled { config.outbox.endpoint_display() } else { "disabled".into() },
+        tracing = %if config.tracing.enabled() { config.tracing.endpoint_display() } else { "off".into() },
         "tombstoned ready"
     );
 }
@@ -389,7 +407,8 @@ impl Running<'_> {
 
 /// Shutdown, the other way round: stop accepting API requests and drain them (bounded), let
 /// the cleaner finish or roll back its batch, let the relay's deliveries in flight finish
-/// (bounded), then the health tasks and the metrics listener last.
+/// (bounded), export the last trace spans (bounded), then the health tasks and the metrics
+/// listener last.
 async fn shut_down(
     tasks: Tasks,
     current: &Config,
@@ -438,6 +457,10 @@ async fn shut_down(
                  their leases expire"
             ),
         }
+    }
+    // The work's last spans, before the metrics listener goes (its count of drops included).
+    if let Some(traces) = tasks.traces {
+        traces.shutdown(telemetry::FLUSH_BOUND).await;
     }
     stop.ops.cancel();
     for task in tasks.health {
@@ -560,6 +583,7 @@ fn reload(
     }
     // What can change safely is applied; the rest keeps its running value until restart.
     let applied = Arc::new(current.reloaded(new));
+    telemetry::set_sample_ratio(applied.tracing.sample_ratio);
     // The API takes its settings all at once, with the tokens file: when that cannot be loaded,
     // none of them change, while the scheduler's below still do.
     let api_kept = match api.map(|api| api.reload(&applied)) {

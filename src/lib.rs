@@ -33,7 +33,9 @@
 //!   stands is committed under `schema/`);
 //! * foundation: [`db`] — sessions and pools, the pipelined transaction, SQLSTATE classes, the
 //!   one error text, shared statements, its own `[database]` section ([`db::settings`]); [`config`] — the configuration validated into typed values, one file
-//!   per section, composing `db`'s; [`metrics`] — every Prometheus series; `connections` — the
+//!   per section, composing `db`'s; [`metrics`] — every Prometheus series; [`telemetry`] — the
+//!   OpenTelemetry spans and their OTLP export (nothing at all while `[tracing]` is off);
+//!   `connections` — the
 //!   HTTP server loop both listeners share (connection cap, header-read and idle timeouts,
 //!   bounded shutdown); `fd_budget` — fitting those caps into `RLIMIT_NOFILE`;
 //! * pure core: [`instance`] — who this process is to other instances; [`schedule`] —
@@ -87,4 +89,5 @@ pub(crate) mod settings;
 pub(crate) mod signals;
 pub mod status;
 pub(crate) mod stdout;
+pub mod telemetry;
 pub(crate) mod toml_diagnostic;

@@ -134,6 +134,10 @@ pub struct Metrics {
     pub outbox_dead_letters: IntGauge,
     /// `tombstoned_outbox_events_deleted_total`: delivered events deleted by retention.
     pub outbox_events_deleted: IntCounter,
+
+    /// `tombstoned_trace_spans_dropped_total`: trace spans never exported (the export queue
+    /// full, the collector down, slow or refusing), counted by `crate::telemetry`'s export.
+    pub trace_spans_dropped: IntCounter,
 }
 
 fn counter(r: &Registry, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
@@ -421,6 +425,12 @@ impl Metrics {
                 "tombstoned_outbox_events_deleted_total",
                 "Delivered outbox events deleted by retention (retention.outbox_keep_delivered).",
             )?,
+            trace_spans_dropped: counter(
+                &r,
+                "tombstoned_trace_spans_dropped_total",
+                "Trace spans dropped instead of exported ([tracing]): the export queue was full, \
+                 or the collector was down, too slow or refused them. Requests never wait for it.",
+            )?,
             registry: r,
         };
         for o in RUN_OUTCOMES {
@@ -590,6 +600,7 @@ mod tests {
             "tombstoned_build_info{version=",
             "tombstoned_cleanup_throttled_seconds_total{reason=\"replica_lag\"} 0",
             "tombstoned_cleanup_throttled_seconds_total{reason=\"rate\"} 0",
+            "tombstoned_trace_spans_dropped_total 0",
         ] {
             assert!(text.contains(needle), "missing {needle}");
         }

@@ -22,7 +22,9 @@
 //!     the same statements (`floor.rs`), CPU per request side by side, and per-request profiles
 //!     of both — instructions, allocations, syscalls, wake-ups (`stack_floor.rs`, `profile.rs`),
 //! 11. claims and replays through PgBouncer in transaction mode vs a direct connection with
-//!     prepared statements (`pooler.rs`).
+//!     prepared statements (`pooler.rs`),
+//! 12. what traces cost: the daemon with tracing off, `sample_ratio = 0` and `1.0` side by side,
+//!     exporting to a collector on loopback (`traces.rs`).
 //!
 //! It uses the release-profile `tombstoned` binary cargo builds for it (`CARGO_BIN_EXE_…`), starts
 //! a throwaway PostgreSQL with the settings in [`server::SETTINGS`] (or uses `--database-url`),
@@ -48,6 +50,7 @@ mod stack_floor;
 mod stats;
 mod storage;
 mod svg;
+mod traces;
 mod workers;
 
 use std::path::PathBuf;
@@ -68,10 +71,10 @@ struct Args {
     /// Small scale, one repetition, targets reported but not gated (CI smoke test).
     #[arg(long)]
     quick: bool,
-    /// Run only these scenarios (1-11), e.g. `--only 1` or `--only 1,3` (default: 1-8, 10 and 11,
-    /// and 9 with --quick; scenario 9 at full scale grows a table to 50 M keys, so it runs when
-    /// named).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=11))]
+    /// Run only these scenarios (1-12), e.g. `--only 1` or `--only 1,3` (default: 1-8, 10, 11
+    /// and 12, and 9 with --quick; scenario 9 at full scale grows a table to 50 M keys, so it runs
+    /// when named).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=12))]
     only: Vec<u8>,
     /// Repetitions per measurement (default 3, or 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
@@ -555,9 +558,9 @@ async fn run(args: Args) -> Result<()> {
     // Scenario 9 at full scale grows a table to 50 M keys (~40 min, ~20 GB of disk): it runs by
     // default at the quick scale only (its 1 M point), at full scale when named (`--only 9`).
     let only: Vec<u8> = if args.only.is_empty() && scale.quick {
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     } else if args.only.is_empty() {
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 10, 11]
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12]
     } else {
         args.only.clone()
     };
@@ -627,6 +630,7 @@ async fn run(args: Args) -> Result<()> {
                 9 => forever::scenario9(&mut bench).await?,
                 10 => stack_floor::scenario10(&mut bench).await?,
                 11 => pooler::scenario11(&mut bench).await?,
+                12 => traces::scenario12(&mut bench).await?,
                 _ => bail!("no scenario {id}"),
             };
             result.seconds = t.elapsed().as_secs_f64();

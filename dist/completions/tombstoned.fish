@@ -25,7 +25,7 @@ function __fish_tombstoned_using_subcommand
 end
 
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_needs_command" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_needs_command" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -s V -l version -d 'Print version'
@@ -41,13 +41,13 @@ complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "conformance" 
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "operations" -d 'Grant operations of the SQL API to database roles, revoke them, list them and their history (with the configuration of the role that ran `migrate`)'
 complete -c tombstoned -n "__fish_tombstoned_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l batch-size -d 'Rows per batch (overrides cleanup.batch_size)' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l max-batches -d 'Stop after this many batches; the backlog left is reported' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l dry-run -d 'Change nothing: report what a run would do, inside a READ ONLY transaction'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l json -d 'Print the report as JSON'
@@ -55,29 +55,29 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l explai
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -l quiet -d 'No progress line on a terminal (there is none anyway when stderr is not a terminal, with --json, or under systemd)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand cleanup" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l status -d 'List applied and pending migrations; change nothing'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -l quiet -d 'No progress line on a terminal while a migration runs (there is none anyway when stderr is not a terminal, or under systemd)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand migrate" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand check-config" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l max-age -d 'Exit 2 when the last successful cleanup run finished longer ago than this (or none is recorded), e.g. "2h"' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -l json -d 'Print the status as JSON'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l replay-window -d 'The daemon\'s replay window (retention.replay_window), 1s to 1h; the story waits that long for the record to expire. With --keep, e.g. 60s, long enough to follow the README\'s curl walkthrough by hand against the daemon left running' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l config -d 'Refused (exit 64): the demo writes its own configuration' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -l keep -d 'Leave the throwaway cluster and daemon running at the end (until Ctrl-C)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand demo" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -f -a "deliver" -d 'Deliver the events due now (each at most once), then exit. Works whether or not outbox.enabled is set; needs outbox.endpoint and outbox.secret_file'
@@ -86,7 +86,7 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and not __fish_seen_subcommand_from deliver list requeue help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l max-events -d 'Attempt at most this many events' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l dry-run -d 'Send nothing and change nothing: list what a run would send now'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -l json -d 'Print the report as JSON'
@@ -94,14 +94,14 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from deliver" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l limit -d 'At most this many events' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l dead-letters -d 'Only dead letters'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -l json -d 'Print JSON'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l event -d 'A dead letter\'s event id (the webhook-id); repeat for several' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -l all-dead-letters -d 'Every dead letter'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from requeue" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -110,7 +110,7 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "requeue" -d 'Put dead letters back into delivery (due now, attempts counted from zero)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and not __fish_seen_subcommand_from explain help" -f -a "explain" -d 'Why a key answers what it answers: its record and state, the stored status and resource, whether an intent matches it, and which open transaction holds it. Read-only: it takes no lock a claim or the cleaner could wait for. Exit 0 when the key has a record, 3 when it has none'
@@ -121,7 +121,7 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_s
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l key -d 'The idempotency key' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l intent -d 'An intent to compare with the stored fingerprint: for create-order the order request body, for another operation the SQL API\'s intent (JSON)' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l show-body -d 'Also print the stored response body (it says it is showing one)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand keys; and __fish_seen_subcommand_from explain" -l json -d 'Print the explanation as JSON'
@@ -137,13 +137,13 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l ke
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l concurrency -d 'How many requests concurrent sends at once, 2 to 32' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l expiry -d 'How long after its first answer a key is answered 410 at the latest (the replay window plus the cleanup\'s delay), e.g. 30s, at most 1h; expired asks about once a second until then. Without it, expired is skipped' -r
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l key-optional -d 'The service answers requests without a key: missing_key is skipped, provided such a request gets a first answer'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -l json -d 'Print one JSON document instead: every check with its name, result, expected, got and requests (credentials [redacted]), and the summary'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand conformance" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and not __fish_seen_subcommand_from grant revoke list help" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and not __fish_seen_subcommand_from grant revoke list help" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and not __fish_seen_subcommand_from grant revoke list help" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and not __fish_seen_subcommand_from grant revoke list help" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and not __fish_seen_subcommand_from grant revoke list help" -f -a "grant" -d 'Let ROLE (and every role that is a member of it) claim, complete and look up keys in OPERATION, and enqueue events. Recorded with who and when'
@@ -151,16 +151,16 @@ complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and no
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and not __fish_seen_subcommand_from grant revoke list help" -f -a "list" -d 'The grants in force and the history of every change'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and not __fish_seen_subcommand_from grant revoke list help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from grant" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from grant" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from grant" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from grant" -l force -d 'Needed for create-order, the operation of tombstoned\'s own endpoint, reserved to the daemon\'s role'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from grant" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from revoke" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from revoke" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from revoke" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from revoke" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from list" -l config -d 'Configuration file (TOML). Without one, built-in defaults and TOMBSTONED_* variables apply' -r -F
-complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from list" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info)' -r -f -a "text\t'Human-readable lines'
+complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from list" -l log-format -d 'Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced request or run (`[tracing]`), a line also carries its trace_id and span_id' -r -f -a "text\t'Human-readable lines'
 json\t'One JSON object per line'"
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from list" -l json -d 'Print JSON'
 complete -c tombstoned -n "__fish_tombstoned_using_subcommand operations; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'

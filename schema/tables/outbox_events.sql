@@ -19,7 +19,12 @@ CREATE TABLE tombstoned.outbox_events (
     last_error text,
     dead_lettered_at timestamp with time zone,
     aggregate_id text,
-    sender text DEFAULT SESSION_USER
+    sender text DEFAULT SESSION_USER,
+    traceparent text DEFAULT 
+CASE
+    WHEN (current_setting('tombstoned.traceparent'::text, true) ~ '^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$'::text) THEN current_setting('tombstoned.traceparent'::text, true)
+    ELSE NULL::text
+END
 );
 
 ALTER TABLE tombstoned.outbox_events ADD CONSTRAINT outbox_events_aggregate_id_length CHECK (((aggregate_id IS NULL) OR ((char_length(aggregate_id) >= 1) AND (char_length(aggregate_id) <= 255))));
@@ -33,6 +38,7 @@ ALTER TABLE tombstoned.outbox_events ADD CONSTRAINT outbox_events_order_fkey FOR
 ALTER TABLE tombstoned.outbox_events ADD CONSTRAINT outbox_events_order_sequence_key UNIQUE (order_id, sequence);
 ALTER TABLE tombstoned.outbox_events ADD CONSTRAINT outbox_events_pkey PRIMARY KEY (event_id);
 ALTER TABLE tombstoned.outbox_events ADD CONSTRAINT outbox_events_sequence_positive CHECK ((sequence >= 1));
+ALTER TABLE tombstoned.outbox_events ADD CONSTRAINT outbox_events_traceparent_format CHECK ((traceparent ~ '^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$'::text));
 
 CREATE UNIQUE INDEX outbox_events_aggregate_sequence_key ON tombstoned.outbox_events USING btree (tenant_id, aggregate_id, sequence) WHERE (aggregate_id IS NOT NULL);
 CREATE INDEX outbox_events_delivered_idx ON tombstoned.outbox_events USING btree (published_at) WHERE (published_at IS NOT NULL);

@@ -115,6 +115,7 @@ use crate::db::{self, Conn, DbError};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
 use crate::order_request::OrderRequest;
+use crate::telemetry::{Attribute, Kind, Span};
 
 /// The `operation` part of every record's scope written by this module.
 pub const OPERATION_CREATE_ORDER: &str = "create-order";
@@ -348,8 +349,45 @@ impl ClaimError {
 /// dropped claim may leave its transaction half way; a caller whose request can be abandoned
 /// keeps it running to its end (the HTTP API awaits it inline and hands it to its task tracker
 /// only if the request is dropped first: `http::run_to_end`).
+///
+/// With tracing on, the claim is a span (`claim create-order`) inside the request's, its
+/// statements database client spans inside it; its attributes name the scope's tenant and
+/// principal and the outcome, never the key.
 #[tracing::instrument(name = "claim", skip_all, fields(tenant = %req.tenant, principal = %req.principal))]
 pub async fn claim(
+    pool: &Pool,
+    database: &DatabaseConfig,
+    settings: &ClaimSettings,
+    req: &ClaimRequest,
+) -> Result<ClaimOutcome, ClaimError> {
+    let span = Span::child("claim create-order", Kind::Internal, || {
+        vec![
+            Attribute::new("tombstoned.operation", OPERATION_CREATE_ORDER),
+            Attribute::new("tombstoned.tenant", req.tenant.clone()),
+            Attribute::new("tombstoned.principal", req.principal.clone()),
+        ]
+    });
+    let result = span
+        .in_scope(claim_untraced(pool, database, settings, req))
+        .await;
+    match &result {
+        Ok(outcome) => span.set(|| {
+            let mut attributes = vec![Attribute::new("tombstoned.outcome", outcome.metric_label())];
+            if let ClaimOutcome::Created { order_id, .. } = outcome {
+                attributes.push(Attribute::new("tombstoned.order_id", order_id.to_string()));
+            }
+            attributes
+        }),
+        Err(e) => span.fail(match e.db_error() {
+            Some(db) => db.sqlstate_class().to_owned(),
+            None => "unstable".to_owned(),
+        }),
+    }
+    span.end();
+    result
+}
+
+async fn claim_untraced(
     pool: &Pool,
     database: &DatabaseConfig,
     settings: &ClaimSettings,

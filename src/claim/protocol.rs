@@ -17,6 +17,32 @@ use super::{
 use crate::db::pipeline::{self, PipelineFailure, Pipelined};
 use crate::db::statement::types_of;
 use crate::db::{self, Conn, DbError, ErrorClass, Param, SessionSettings};
+use crate::telemetry::Span;
+
+/// `attempt`, timed by a database client span named after its statement (with tracing on),
+/// failed with the SQLSTATE `sqlstate` finds in its error. A leaf: the span is not made current
+/// while the statement runs (nothing starts inside it), which spares every poll of it.
+async fn statement_span<T, E>(
+    statement: &'static str,
+    attempt: impl std::future::Future<Output = Result<T, E>>,
+    sqlstate: fn(&E) -> Option<&str>,
+) -> Result<T, E> {
+    let span = Span::database(statement);
+    let result = attempt.await;
+    if let Err(e) = &result {
+        span.fail_sqlstate(sqlstate(e));
+    }
+    span.end();
+    result
+}
+
+fn failure_sqlstate(failure: &PipelineFailure) -> Option<&str> {
+    failure.error.code().map(|code| code.code())
+}
+
+fn claim_error_sqlstate(error: &ClaimError) -> Option<&str> {
+    error.db_error().and_then(DbError::sqlstate)
+}
 
 /// `commit_sent` is true while an owner attempt (its COMMIT included) is in flight: if the
 /// caller's deadline expires then, the claim may have committed (outcome unknown).
@@ -34,7 +60,12 @@ pub(super) async fn claim_on(
     while attempt < MAX_CLAIM_ATTEMPTS {
         attempt += 1;
         commit_sent.store(true, Ordering::Release);
-        let owned_or_not = owner_attempt(client, session, &lock_timeout, window, req).await;
+        let owned_or_not = statement_span(
+            owner_statement(req),
+            owner_attempt(client, session, &lock_timeout, window, req),
+            failure_sqlstate,
+        )
+        .await;
         commit_sent.store(false, Ordering::Release);
         match owned_or_not {
             Ok(Some(row)) => {
@@ -47,7 +78,12 @@ pub(super) async fn claim_on(
                     if scope_ensured {
                         return Err(ClaimError::Unstable);
                     }
-                    if let Some(outcome) = ensure_scope(client, settings, req).await? {
+                    let ensured = statement_span(
+                        "ensure_scope",
+                        ensure_scope(client, settings, req),
+                        claim_error_sqlstate,
+                    );
+                    if let Some(outcome) = ensured.await? {
                         return Ok(outcome);
                     }
                     scope_ensured = true;
@@ -78,7 +114,12 @@ pub(super) async fn claim_on(
                 if class == ErrorClass::UniqueViolation
                     && db::violated_constraint(&failure.error) == Some(ORDER_REQUEST_CONSTRAINT)
                 {
-                    match duplicate_request(client, req).await? {
+                    let duplicate = statement_span(
+                        "find_order_by_request_id",
+                        duplicate_request(client, req),
+                        claim_error_sqlstate,
+                    );
+                    match duplicate.await? {
                         Some(outcome) => return Ok(outcome),
                         None => continue, // the order is gone again: claim anew
                     }
@@ -97,7 +138,12 @@ pub(super) async fn claim_on(
                 };
             }
         }
-        match replay_attempt(client, &lock_timeout, req).await {
+        let replay = statement_span(
+            "read_for_replay",
+            replay_attempt(client, &lock_timeout, req),
+            failure_sqlstate,
+        );
+        match replay.await {
             Ok(Some(row)) => return existing(&row, req),
             Ok(None) => continue, // deleted between our INSERT and SELECT (purge): claim anew
             Err(failure) => {
@@ -170,6 +216,20 @@ async fn read_only(
     req: &ClaimRequest,
     refused: tokio_postgres::Error,
 ) -> Result<ClaimOutcome, ClaimError> {
+    statement_span(
+        "read_record_read_only",
+        read_only_untraced(client, settings, req, refused),
+        claim_error_sqlstate,
+    )
+    .await
+}
+
+async fn read_only_untraced(
+    client: &Conn<'_>,
+    settings: &ClaimSettings,
+    req: &ClaimRequest,
+    refused: tokio_postgres::Error,
+) -> Result<ClaimOutcome, ClaimError> {
     let key: [&dyn Param; 4] = [
         &req.tenant,
         &req.principal,
@@ -231,6 +291,14 @@ async fn in_transaction(
     params: &[&dyn Param],
 ) -> Result<Vec<Row>, PipelineFailure> {
     pipeline::query(client, settings, &[&lock_timeout], main, params).await
+}
+
+/// The owner attempt's statement, by its name in [`sql`].
+fn owner_statement(req: &ClaimRequest) -> &'static str {
+    match req.decision {
+        Decision::Create => "claim_and_create",
+        Decision::Reject { .. } => "claim_rejected",
+    }
 }
 
 async fn owner_attempt(
@@ -317,9 +385,23 @@ async fn claim_statement(
     lock_timeout: &str,
     params: &[&dyn Param],
 ) -> Result<Vec<Row>, PipelineFailure> {
+    // The claim span's context, for the order's outbox event (README "Traces"): set in the
+    // claim's own transaction, so only while a recorded trace is current. A traced claim runs in
+    // an explicit transaction (BEGIN READ COMMITTED, the lock timeout and the context set
+    // locally, the statement, COMMIT): the context needs a statement of its own before the
+    // claim's, on any connection.
+    let trace = crate::telemetry::current_traceparent();
     if client.pooler().keeps_session_state() {
         let statement_params = params.split_last().map_or(params, |(_, rest)| rest);
-        return pipeline::in_session(client, session, statement, statement_params).await;
+        return match &trace {
+            None => pipeline::in_session(client, session, statement, statement_params).await,
+            Some(trace) => {
+                traced_transaction(client, statement, lock_timeout, trace, statement_params).await
+            }
+        };
+    }
+    if let Some(trace) = &trace {
+        return traced_transaction(client, statement, lock_timeout, trace, params).await;
     }
     match pipeline::alone(client, statement, params).await {
         Err(failure) if db::classify(&failure.error) == ErrorClass::WrongIsolation => {
@@ -338,6 +420,25 @@ async fn claim_statement(
         }
         done => done,
     }
+}
+
+/// [`in_transaction`] with the trace context set beside the lock timeout
+/// ([`sql::SET_LOCK_TIMEOUT_AND_TRACE`]).
+async fn traced_transaction(
+    client: &Conn<'_>,
+    statement: &'static str,
+    lock_timeout: &str,
+    trace: &str,
+    params: &[&dyn Param],
+) -> Result<Vec<Row>, PipelineFailure> {
+    pipeline::query(
+        client,
+        sql::SET_LOCK_TIMEOUT_AND_TRACE,
+        &[&lock_timeout, &trace],
+        statement,
+        params,
+    )
+    .await
 }
 
 fn owned(row: Row, req: &ClaimRequest) -> Result<ClaimOutcome, ClaimError> {

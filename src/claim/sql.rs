@@ -119,6 +119,14 @@ pub const BEGIN: &str = crate::db::sql::BEGIN_READ_COMMITTED;
 /// alone and takes it from its session ([`crate::db::sql::SET_SESSION_SETTINGS`]).
 pub const SET_LOCK_TIMEOUT: &str = crate::db::sql::SET_LOCAL_LOCK_TIMEOUT;
 
+/// [`SET_LOCK_TIMEOUT`], and `$2` the request's trace context (a W3C `traceparent`, its claim
+/// span) as the transaction-local `tombstoned.traceparent`, which the default of
+/// `outbox_events.traceparent` (schema V9) stores with the order's event. Sent instead of
+/// [`SET_LOCK_TIMEOUT`] only while a recorded trace is current: with tracing off, or a trace
+/// sampled out, the claim's transaction is what it was before traces.
+pub const SET_LOCK_TIMEOUT_AND_TRACE: &str = "SELECT set_config('lock_timeout', $1, true), \
+set_config('tombstoned.traceparent', $2, true)";
+
 /// Claim the key and, only if this transaction now owns it, create the order and its outbox
 /// event — one statement.
 ///
@@ -393,6 +401,7 @@ pub const FIND_ORDER_BY_REQUEST_ID: &str = concat!(
 pub const STATEMENTS: &[(&str, &str)] = &[
     ("begin", BEGIN),
     ("set_lock_timeout", SET_LOCK_TIMEOUT),
+    ("set_lock_timeout_and_trace", SET_LOCK_TIMEOUT_AND_TRACE),
     ("set_replay_settings", SET_REPLAY_SETTINGS),
     ("claim_and_create", CLAIM_AND_CREATE),
     ("claim_rejected", CLAIM_REJECTED),

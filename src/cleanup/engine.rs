@@ -29,6 +29,7 @@ use crate::config::OnLocked;
 use crate::db::pipeline::{self, Guard, Pipelined};
 use crate::db::statement::Ready;
 use crate::db::{self, Conn, DbError, ErrorClass, Param};
+use crate::telemetry::{Attribute, Kind, Span};
 
 /// Attempts per batch when it fails with a deadlock (40P01) or serialization failure (40001).
 /// Neither should happen (every locker goes in primary-key order); a few retries cover a foreign
@@ -59,6 +60,24 @@ impl Phase {
                 sql::OUTBOX_RETENTION_BATCH,
                 sql::OUTBOX_RETENTION_BATCH_SKIP_LOCKED,
             ),
+        }
+    }
+
+    /// The phase's name in traces.
+    fn label(self) -> &'static str {
+        match self {
+            Phase::Tombstone => "tombstone",
+            Phase::Purge => "purge",
+            Phase::OutboxRetention => "outbox_retention",
+        }
+    }
+
+    /// The batch statement's name (`cleanup::sql`), a database span's `db.query.summary`.
+    fn statement_name(self) -> &'static str {
+        match self {
+            Phase::Tombstone => "tombstone_batch",
+            Phase::Purge => "purge_batch",
+            Phase::OutboxRetention => "outbox_retention_batch",
         }
     }
 
@@ -519,7 +538,50 @@ impl<'a> Engine<'a> {
     }
 
     /// One batch, retried on deadlock or serialization failure.
+    ///
+    /// With tracing on, a database client span inside the run's: its phase, then the rows it
+    /// picked, changed and passed over (held by others), or that it waited `lock_timeout` for a
+    /// row in vain.
     async fn batch(
+        &mut self,
+        phase: Phase,
+        statement: &Ready,
+        bound: Key,
+        pass: &Pass,
+    ) -> Result<BatchResult, CleanupError> {
+        let span = Span::child("cleanup batch", Kind::Client, || {
+            vec![
+                Attribute::new("db.system.name", "postgresql"),
+                Attribute::new("db.query.summary", phase.statement_name()),
+                Attribute::new("tombstoned.cleanup.phase", phase.label()),
+            ]
+        });
+        let result = span
+            .in_scope(self.batch_untraced(phase, statement, bound, pass))
+            .await;
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        match &result {
+            Ok(BatchResult::Done(rows)) => span.set(|| {
+                vec![
+                    Attribute::new("tombstoned.cleanup.rows", count(rows.changed)),
+                    Attribute::new("tombstoned.cleanup.rows_picked", count(rows.picked)),
+                    Attribute::new(
+                        "tombstoned.cleanup.rows_passed_over",
+                        count(rows.passed_over),
+                    ),
+                ]
+            }),
+            Ok(BatchResult::LockTimeout) => {
+                span.set(|| vec![Attribute::new("tombstoned.cleanup.lock_timeout", true)]);
+            }
+            Ok(BatchResult::LeaseLost) => span.fail("lease_lost"),
+            Err(e) => span.fail_sqlstate(e.db_error().and_then(DbError::sqlstate)),
+        }
+        span.end();
+        result
+    }
+
+    async fn batch_untraced(
         &mut self,
         phase: Phase,
         statement: &Ready,

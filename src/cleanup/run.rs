@@ -22,6 +22,7 @@ use super::{sql, CleanupError};
 use crate::config::{CleanupConfig, DatabaseConfig, RetentionConfig};
 use crate::db::{self, pipeline, Conn, ErrorClass, Param};
 use crate::metrics::Metrics;
+use crate::telemetry::{Attribute, Kind, Span};
 
 /// How long a stopped run (SIGTERM, `serve` shutting down) waits for its batch in flight to
 /// commit or roll back before it abandons it: a batch normally ends in milliseconds; on a silent
@@ -171,11 +172,73 @@ pub async fn run_leased(
 /// [`run_leased`] on a session the caller opened (`tombstoned cleanup` checks the schema on it
 /// first: one connection per run, not two), for the run `run` (made when the run began,
 /// connecting included).
+///
+/// With tracing on, the run is the root span of a trace of its own (`cleanup run`), each batch a
+/// database client span inside it (phase, rows, lock waits), its log lines carrying their ids.
 #[tracing::instrument(name = "cleanup_run", skip_all, fields(schema = %run.db.schema))]
 pub async fn run_leased_on(
     session: db::Session,
     run: &RunContext<'_>,
 ) -> Result<LeasedRun, CleanupError> {
+    let span = Span::root("cleanup run", Kind::Internal, || {
+        vec![
+            Attribute::new("tombstoned.schema", run.db.schema.clone()),
+            Attribute::new("tombstoned.cleanup.workers", i64::from(run.cleanup.workers)),
+        ]
+    });
+    let result = span.in_scope(leased_on(session, run)).await;
+    match &result {
+        Ok(LeasedRun::Ran(report)) => span.set(|| run_attributes(report)),
+        Ok(LeasedRun::Skipped(_)) => span.set(|| {
+            vec![Attribute::new(
+                "tombstoned.cleanup.outcome",
+                RunOutcome::SkippedLease.label(),
+            )]
+        }),
+        Ok(LeasedRun::Stopped) => {
+            span.set(|| vec![Attribute::new("tombstoned.cleanup.outcome", "stopped")]);
+        }
+        Err(e) => span.fail(e.sqlstate_class().unwrap_or("failed").to_owned()),
+    }
+    span.end();
+    result
+}
+
+/// What a finished run's span says: its figures, never a key.
+fn run_attributes(report: &RunReport) -> Vec<Attribute> {
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    vec![
+        Attribute::new("tombstoned.cleanup.outcome", report.outcome.label()),
+        Attribute::new("tombstoned.cleanup.stopped_by", report.stopped_by.label()),
+        Attribute::new(
+            "tombstoned.cleanup.rows_tombstoned",
+            count(report.rows_tombstoned),
+        ),
+        Attribute::new("tombstoned.cleanup.batches", count(report.batches)),
+        Attribute::new(
+            "tombstoned.cleanup.lock_timeouts",
+            count(report.lock_timeouts),
+        ),
+        Attribute::new(
+            "tombstoned.cleanup.rows_skipped",
+            count(report.rows_skipped),
+        ),
+        Attribute::new(
+            "tombstoned.cleanup.tombstones_purged",
+            count(report.tombstones_purged),
+        ),
+        Attribute::new(
+            "tombstoned.cleanup.outbox_events_deleted",
+            count(report.outbox_events_deleted),
+        ),
+        Attribute::new(
+            "tombstoned.cleanup.backlog_rows",
+            count(report.backlog_rows),
+        ),
+    ]
+}
+
+async fn leased_on(session: db::Session, run: &RunContext<'_>) -> Result<LeasedRun, CleanupError> {
     let (db, cleanup, shutdown, meter, started) =
         (run.db, run.cleanup, run.shutdown, run.meter, run.started);
     let holder = crate::instance::instance_id();

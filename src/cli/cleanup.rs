@@ -52,6 +52,11 @@ pub(super) async fn run(config: &Config, args: &CleanupArgs) -> anyhow::Result<E
         return Ok(Exit::Success);
     }
 
+    super::traced(config, leased_run(config, args)).await
+}
+
+/// The real run, under the lease.
+async fn leased_run(config: &Config, args: &CleanupArgs) -> anyhow::Result<Exit> {
     // A throttle the role cannot observe is refused before the run, once (exit 64).
     crate::cleanup::check_replica_lag_visible(&config.database, &config.cleanup)
         .await

@@ -10,6 +10,7 @@ mod conformance;
 mod demo;
 pub mod generate;
 mod keys;
+mod log_format;
 mod migrate;
 mod operations;
 mod outbox;
@@ -44,7 +45,8 @@ pub struct Cli {
     #[arg(skip)]
     pub config_on_command_line: bool,
 
-    /// Log line format on stderr. The level comes from RUST_LOG (default: info).
+    /// Log line format on stderr. The level comes from RUST_LOG (default: info). Inside a traced
+    /// request or run (`[tracing]`), a line also carries its trace_id and span_id.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
@@ -247,11 +249,17 @@ fn init_logging(format: LogFormat, default_level: &str) {
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(progress::LogWriter);
+    // Each line carries the current span's ids once tracing is on (log_format).
     match format {
-        LogFormat::Text => builder.finish().with(driver_cap()).init(),
+        LogFormat::Text => builder
+            .map_event_format(log_format::WithTraceIds::text)
+            .finish()
+            .with(driver_cap())
+            .init(),
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
+            .map_event_format(log_format::WithTraceIds::json)
             .finish()
             .with(driver_cap())
             .init(),
@@ -280,6 +288,10 @@ pub fn exit_for(e: &anyhow::Error) -> Exit {
         }
         if cause.is::<db::connect::ConnectError>() {
             return Exit::Unavailable;
+        }
+        // tracing.ca_file or a header the exporter cannot send: the operator's to fix.
+        if cause.is::<crate::telemetry::TelemetryError>() {
+            return Exit::Usage;
         }
         // Before the database error inside it: a role without the grants is the operator's.
         if let Some(e) = cause.downcast_ref::<crate::keys::KeysError>() {
@@ -401,6 +413,20 @@ async fn connect_current(
         .await
         .map_err(|e| anyhow::Error::new(e).context(context))?;
     Ok(session)
+}
+
+/// `work` with traces exported as `[tracing]` says (`cleanup`, `outbox deliver`): started
+/// before it, flushed after it within [`crate::telemetry::FLUSH_BOUND`], whatever it returned.
+async fn traced(
+    config: &Config,
+    work: impl std::future::Future<Output = anyhow::Result<Exit>>,
+) -> anyhow::Result<Exit> {
+    let traces = crate::telemetry::start(&config.tracing, None)?;
+    let exit = work.await;
+    if let Some(traces) = traces {
+        traces.shutdown(crate::telemetry::FLUSH_BOUND).await;
+    }
+    exit
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -666,6 +692,15 @@ mod tests {
                 }
                 .into(),
                 Exit::Unavailable,
+            ),
+            (
+                "tracing: an unusable CA file",
+                crate::telemetry::TelemetryError::CaFile {
+                    path: "ca.pem".into(),
+                    reason: "x".into(),
+                }
+                .into(),
+                Exit::Usage,
             ),
             ("anything else", anyhow::anyhow!("boom"), Exit::Software),
         ];

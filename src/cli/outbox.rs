@@ -114,7 +114,7 @@ pub(super) async fn run(config: &Config, command: &OutboxCommand) -> anyhow::Res
             json,
             quiet,
             ..
-        } => deliver(config, *max_events, *json, *quiet).await,
+        } => super::traced(config, deliver(config, *max_events, *json, *quiet)).await,
         OutboxCommand::List {
             dead_letters,
             limit,

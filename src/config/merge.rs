@@ -13,6 +13,7 @@ use super::cleanup::RawCleanup;
 use super::metrics::RawMetrics;
 use super::outbox::RawOutbox;
 use super::retention::RawRetention;
+use super::tracing::{Origin, RawTracing, TracingOrigins};
 use super::Config;
 use crate::db::settings::RawDatabase;
 use crate::settings::ConfigError;
@@ -68,6 +69,7 @@ pub(super) struct RawConfig {
     pub(super) api: RawApi,
     pub(super) metrics: RawMetrics,
     pub(super) outbox: RawOutbox,
+    pub(super) tracing: RawTracing,
 }
 
 impl Config {
@@ -102,7 +104,11 @@ impl Config {
                 None,
             ),
         };
-        let database_url_origin = apply_env(&mut table, env)?;
+        // Later entries win, as in a process environment; in name order, error reports are
+        // deterministic.
+        let env: std::collections::BTreeMap<String, String> = env.into_iter().collect();
+        let database_url_origin = apply_env(&mut table, &env)?;
+        let otel = apply_otel_env(&mut table, &env);
         for o in overrides {
             section_mut(&mut table, o.section).insert(o.key.to_owned(), o.value.clone());
         }
@@ -131,7 +137,41 @@ impl Config {
         let mut config = super::validate(raw, &base_dir)?;
         config.source = path.map(Path::to_path_buf);
         config.database_url_origin = database_url_origin;
+        config.tracing_origins = otel;
         Ok(config)
+    }
+}
+
+/// OpenTelemetry's standard variables, below the file (and its `TOMBSTONED_TRACING__*`
+/// variables): `OTEL_EXPORTER_OTLP_ENDPOINT` (the base URL, `/v1/traces` appended, as the
+/// specification says for OTLP/HTTP) and `OTEL_SERVICE_NAME`; an empty one counts as unset, as
+/// the specification says. Answers where `tracing.otlp_endpoint` and `tracing.service_name` now
+/// come from.
+fn apply_otel_env(
+    table: &mut toml::Table,
+    vars: &std::collections::BTreeMap<String, String>,
+) -> TracingOrigins {
+    let tracing = section_mut(table, "tracing");
+    let mut origin = |key: &str, var: &'static str| {
+        // An empty value sets nothing, in the file as in the variables.
+        if tracing
+            .get(key)
+            .and_then(toml::Value::as_str)
+            .is_some_and(|v| !v.trim().is_empty())
+        {
+            return Origin::File;
+        }
+        match vars.get(var).map(|v| v.trim()).filter(|v| !v.is_empty()) {
+            Some(value) => {
+                tracing.insert(key.to_owned(), toml::Value::String(value.to_owned()));
+                Origin::OtelVariable(var)
+            }
+            None => Origin::Default,
+        }
+    };
+    TracingOrigins {
+        endpoint: origin("otlp_endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        service_name: origin("service_name", "OTEL_SERVICE_NAME"),
     }
 }
 
@@ -153,7 +193,7 @@ fn section_mut<'t>(table: &'t mut toml::Table, section: &str) -> &'t mut toml::T
 /// answers where `database.url` now comes from.
 fn apply_env(
     table: &mut toml::Table,
-    env: impl IntoIterator<Item = (String, String)>,
+    vars: &std::collections::BTreeMap<String, String>,
 ) -> Result<DatabaseUrlOrigin, ConfigError> {
     let file_has_url = table
         .get("database")
@@ -166,10 +206,7 @@ fn apply_env(
     })?;
     let mut database_url = None;
     let mut generic_url = None;
-    // Later entries win, as in a process environment; iterating in name order makes error
-    // reports deterministic.
-    let vars: std::collections::BTreeMap<String, String> = env.into_iter().collect();
-    for (var, value) in vars {
+    for (var, value) in vars.iter().map(|(k, v)| (k.clone(), v.clone())) {
         match var.as_str() {
             "TOMBSTONED_DATABASE_URL" => {
                 database_url = Some(value);

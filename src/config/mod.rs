@@ -9,7 +9,7 @@
 //!
 //! Files, one per section and one for the merge: [`merge`](Config::load_from) (file,
 //! environment and flags into one table, [`Override`], [`DatabaseUrlOrigin`]), `retention`,
-//! `cleanup`, `api`, `metrics`, `outbox` (each section's type, defaults, file shape and
+//! `cleanup`, `api`, `metrics`, `outbox`, `tracing` (each section's type, defaults, file shape and
 //! validation), `reload` (what a reload applies); the `[database]` section is the database
 //! layer's own ([`crate::db::settings`]), and the validation vocabulary they share is the leaf
 //! `crate::settings`. [`Config`] composes the sections and runs their checks in file order,
@@ -24,6 +24,7 @@ mod metrics;
 mod outbox;
 mod reload;
 mod retention;
+mod tracing;
 
 pub use self::api::{ApiConfig, SUPPORTED_API_VERSIONS};
 pub use self::cleanup::{CleanupConfig, OnLocked, MAX_BATCH_SIZE, MAX_CLEANUP_WORKERS};
@@ -32,6 +33,7 @@ pub use self::metrics::MetricsConfig;
 pub(crate) use self::outbox::redacted_endpoint;
 pub use self::outbox::{MaxAttempts, OutboxConfig};
 pub use self::retention::{RetentionConfig, MAX_RETENTION};
+pub use self::tracing::{ExportHeaders, Origin as TracingOrigin, TracingConfig, TracingOrigins};
 pub use crate::db::settings::{redact_url, DatabaseConfig, DatabaseUrl};
 pub use crate::settings::{byte_size_text, ConfigError};
 
@@ -59,10 +61,16 @@ pub struct Config {
     /// `[outbox]`. Reload: needs a restart (every key: the relay runs with the settings it
     /// started with).
     pub outbox: OutboxConfig,
+    /// `[tracing]`. Reload: `sample_ratio` is applied; every other key needs a restart (the
+    /// exporter is built when `serve` starts).
+    pub tracing: TracingConfig,
     /// The file this was loaded from, if any.
     pub source: Option<PathBuf>,
     /// Where `database.url` came from (`check-config` says it).
     pub database_url_origin: DatabaseUrlOrigin,
+    /// Where `tracing.otlp_endpoint` and `tracing.service_name` came from: the file, OpenTelemetry's
+    /// standard variables, or the defaults (`check-config` says it).
+    pub tracing_origins: TracingOrigins,
 }
 
 /// The validate step: every raw value checked and typed, section by section in file order,
@@ -75,6 +83,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         api,
         metrics,
         outbox,
+        tracing,
     } = raw;
     let mut problems = Problems::default();
     let p = &mut problems;
@@ -98,6 +107,7 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
     }
 
     let outbox = outbox::validate(outbox, base_dir, p);
+    let tracing = tracing::validate(tracing, base_dir, p);
 
     problems.finish(Config {
         database,
@@ -106,8 +116,10 @@ fn validate(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         api,
         metrics,
         outbox,
+        tracing,
         source: None,
         database_url_origin: DatabaseUrlOrigin::Default,
+        tracing_origins: TracingOrigins::default(),
     })
 }
 

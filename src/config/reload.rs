@@ -1,12 +1,13 @@
 //! What a reload (SIGHUP) applies and what waits for a restart: [`Config::restart_required_changes`]
 //! is the one place that decides, and a unit test holds it to the fields' docs.
 
-use super::{ApiConfig, Config};
+use super::{ApiConfig, Config, TracingConfig};
 
 impl Config {
     /// The keys whose value differs in `new` but takes effect only after a restart, in file
     /// order: the database connection (sessions and the pool are opened with it), the listen
-    /// addresses (bound at start-up) and whether the API runs at all. Everything else is applied
+    /// addresses (bound at start-up), whether the API runs at all, the relay's settings and the
+    /// trace exporter's (all but `tracing.sample_ratio`). Everything else is applied
     /// by a reload; [`Config::reloaded`] keeps exactly these at their running value.
     pub fn restart_required_changes(&self, new: &Config) -> Vec<&'static str> {
         let (old, db) = (self, &self.database);
@@ -51,6 +52,22 @@ impl Config {
                 old.metrics.idle_timeout != new.metrics.idle_timeout,
             ),
             ("outbox.*", old.outbox != new.outbox),
+            (
+                "tracing.otlp_endpoint",
+                old.tracing.otlp_endpoint != new.tracing.otlp_endpoint,
+            ),
+            (
+                "tracing.service_name",
+                old.tracing.service_name != new.tracing.service_name,
+            ),
+            (
+                "tracing.headers",
+                old.tracing.headers != new.tracing.headers,
+            ),
+            (
+                "tracing.ca_file",
+                old.tracing.ca_file != new.tracing.ca_file,
+            ),
         ]
         .into_iter()
         .filter_map(|(key, changed)| changed.then_some(key))
@@ -63,6 +80,7 @@ impl Config {
         Config {
             database: self.database.clone(),
             database_url_origin: self.database_url_origin,
+            tracing_origins: self.tracing_origins,
             api: ApiConfig {
                 enabled: self.api.enabled,
                 listen: self.api.listen,
@@ -73,6 +91,10 @@ impl Config {
             },
             metrics: self.metrics.clone(),
             outbox: self.outbox.clone(),
+            tracing: TracingConfig {
+                sample_ratio: new.tracing.sample_ratio,
+                ..self.tracing.clone()
+            },
             ..new
         }
     }

@@ -19,6 +19,7 @@ const SECTION_SOURCES: &str = concat!(
     include_str!("cleanup.rs"),
     include_str!("api.rs"),
     include_str!("metrics.rs"),
+    include_str!("tracing.rs"),
     include_str!("mod.rs"),
 );
 
@@ -353,6 +354,23 @@ fn one_change_per_key() -> Vec<Change> {
             c.metrics.idle_timeout = Duration::from_secs(3)
         }),
         ("outbox.*", |c| c.outbox.batch_size = 7),
+        ("tracing.otlp_endpoint", |c| {
+            c.tracing.otlp_endpoint = Some("http://127.0.0.1:4318".parse().unwrap())
+        }),
+        ("tracing.service_name", |c| {
+            c.tracing.service_name = "x".into()
+        }),
+        ("tracing.sample_ratio", |c| c.tracing.sample_ratio = 0.5),
+        ("tracing.headers", |c| {
+            let raw = toml::from_str::<RawConfig>("[tracing]\nheaders = { a = \"b\" }\n");
+            c.tracing.headers = super::validate(raw.unwrap(), Path::new(""))
+                .unwrap()
+                .tracing
+                .headers;
+        }),
+        ("tracing.ca_file", |c| {
+            c.tracing.ca_file = Some("ca.pem".into())
+        }),
     ]
 }
 
@@ -366,6 +384,7 @@ fn documented_restart_keys() -> Vec<String> {
         ("cleanup", "CleanupConfig"),
         ("api", "ApiConfig"),
         ("metrics", "MetricsConfig"),
+        ("tracing", "TracingConfig"),
         ("config", "Config"),
     ] {
         let start = source.find(&format!("pub struct {name} {{")).unwrap();
@@ -412,7 +431,7 @@ fn restart_required_changes_is_what_the_field_docs_say() {
     let running = Config::default();
     let changes = one_change_per_key();
     let documented = documented_restart_keys();
-    assert_eq!(documented.len(), 16, "{documented:?}");
+    assert_eq!(documented.len(), 20, "{documented:?}");
     for (key, change) in &changes {
         let mut new = running.clone();
         change(&mut new);
@@ -449,6 +468,7 @@ fn documented_field_count() -> usize {
         "CleanupConfig",
         "ApiConfig",
         "MetricsConfig",
+        "TracingConfig",
     ]
     .iter()
     .map(|name| {
@@ -501,6 +521,7 @@ fn loading_nothing_gives_the_typed_defaults() {
     let from_file = Config {
         source: None,
         database_url_origin: DatabaseUrlOrigin::Default,
+        tracing_origins: TracingOrigins::default(),
         api: ApiConfig {
             tokens_file: PathBuf::from("tokens.toml"),
             ..from_file.api

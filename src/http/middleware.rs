@@ -1,7 +1,9 @@
 //! Per-request bookkeeping around every route: `tombstoned_http_requests_total{route,method,status}`
 //! and `tombstoned_http_request_duration_seconds{route}` labelled with the route *template* (never
-//! a raw path, key or id), `tombstoned_http_requests_in_flight`, the pool gauges, `Cache-Control: no-store`, and one log line per
-//! request at debug level (no keys, tokens or bodies).
+//! a raw path, key or id), `tombstoned_http_requests_in_flight`, the pool gauges, `Cache-Control: no-store`, one log line per
+//! request at debug level (no keys, tokens or bodies), and, with tracing on, the request's server
+//! span (continuing the caller's W3C `traceparent`; OpenTelemetry's HTTP server conventions, the
+//! path never with a key in it).
 
 use std::time::Instant;
 
@@ -13,6 +15,7 @@ use axum::response::Response;
 use super::handlers::OutcomeLabel;
 use super::state::ApiState;
 use super::{ROUTES, UNMATCHED_ROUTE};
+use crate::telemetry::{Attribute, Span};
 
 fn route_label(matched: Option<&MatchedPath>) -> &'static str {
     matched
@@ -65,13 +68,56 @@ impl Drop for InFlight {
     }
 }
 
+/// The request's server span, when tracing is on (nothing is read otherwise): named `METHOD
+/// route` after the route's template, a child of the caller's `traceparent` when it sent a valid
+/// one. `url.path` is the path only where it holds no key: the key route's and an unknown path's
+/// (which could be anything) are left out.
+fn server_span(request: &Request, route: &'static str, method: &'static str) -> Span {
+    if !crate::telemetry::enabled() {
+        return Span::none();
+    }
+    let header = |name: &str| {
+        let mut values = request.headers().get_all(name).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => value.to_str().ok(),
+            _ => None, // absent, or repeated: no usable context
+        }
+    };
+    let matched = route != UNMATCHED_ROUTE;
+    let name = if matched {
+        format!("{method} {route}")
+    } else {
+        method.to_owned()
+    };
+    let version = match request.version() {
+        axum::http::Version::HTTP_2 => "2",
+        axum::http::Version::HTTP_10 => "1.0",
+        _ => "1.1",
+    };
+    Span::server(name, header("traceparent"), header("tracestate"), || {
+        let mut attributes = vec![
+            Attribute::new("http.request.method", method),
+            Attribute::new("url.scheme", "http"),
+            Attribute::new("network.protocol.version", version),
+        ];
+        if matched {
+            attributes.push(Attribute::new("http.route", route));
+        }
+        if matched && !route.contains("{key}") {
+            attributes.push(Attribute::new("url.path", request.uri().path().to_owned()));
+        }
+        attributes
+    })
+}
+
 /// The middleware.
 pub(crate) async fn track(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     let _in_flight = InFlight::enter(&state.metrics().http_requests_in_flight);
     let started = Instant::now();
     let route = route_label(request.extensions().get::<MatchedPath>());
     let method = method_label(request.method());
-    let mut response = next.run(request).await;
+    let span = server_span(&request, route, method);
+    let mut response = span.in_scope(next.run(request)).await;
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
 
@@ -100,6 +146,16 @@ pub(crate) async fn track(State(state): State<ApiState>, request: Request, next:
         duration_ms = elapsed.as_secs_f64() * 1000.0,
         "request"
     );
+    span.set(|| {
+        vec![
+            Attribute::new("http.response.status_code", i64::from(status)),
+            Attribute::new("tombstoned.outcome", outcome),
+        ]
+    });
+    if status >= 500 {
+        span.fail(status.to_string());
+    }
+    span.end();
     // The OpenAPI document promises a closed set of statuses per route; tests (debug builds) fail
     // loudly when a handler answers outside it.
     debug_assert!(

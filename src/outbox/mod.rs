@@ -149,6 +149,11 @@ pub struct Event {
     /// `enqueue_event`, or the daemon's role for the endpoint's order events; `None` for events
     /// enqueued before schema V8.
     pub sender: Option<String>,
+    /// The trace context the event was enqueued in, a W3C `traceparent` (V9): the request's for
+    /// the endpoint's order events, `tombstoned.traceparent`'s for `enqueue_event`'s. The
+    /// delivery's span continues that trace and the webhook carries its `traceparent`; `None`:
+    /// delivered as before V9, no `traceparent` header. Never in the signed body.
+    pub traceparent: Option<String>,
 }
 
 /// What an event is about: exactly one of the two (`outbox_events_one_subject`).
@@ -237,6 +242,7 @@ impl Event {
             created_at: row.try_get("created_at")?,
             attempts: row.try_get("attempts")?,
             sender: row.try_get("sender")?,
+            traceparent: row.try_get("traceparent")?,
         })
     }
 }
@@ -257,6 +263,7 @@ mod tests {
             created_at: DateTime::from_timestamp(1_800_000_000, 123_456_000).unwrap(),
             attempts: 3,
             sender: Some("tombstoned".into()),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
         let text = String::from_utf8(event.body()).unwrap();
         assert_eq!(

@@ -17,6 +17,7 @@ use crate::config::{DatabaseConfig, OutboxConfig};
 use crate::db::pipeline::{self, PipelineFailure};
 use crate::db::{self, Conn, ErrorClass, Param, Session};
 use crate::metrics::Metrics;
+use crate::telemetry::{Attribute, Kind, Span};
 
 /// Bound on every relay statement. They touch one index range and a few rows.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -441,13 +442,64 @@ impl Relay {
             }
             return Handled::Released;
         }
+        let span = self.delivery_span(&event);
+        let handled = span
+            .in_scope(self.attempt(client, event, shutdown, &span))
+            .await;
+        span.end();
+        handled
+    }
+
+    /// The delivery's HTTP client span (tracing on): in the trace the event was enqueued in and
+    /// linked to where it was enqueued, when it was stored with a context; a trace of its own
+    /// otherwise. The event's id, type and attempt number; the endpoint without credentials.
+    fn delivery_span(&self, event: &Event) -> Span {
+        Span::following(event.traceparent.as_deref(), "POST", Kind::Client, || {
+            let mut attributes = vec![
+                Attribute::new("http.request.method", "POST"),
+                Attribute::new("url.full", self.config.endpoint_display()),
+                Attribute::new("tombstoned.outbox.event_id", event.event_id.to_string()),
+                Attribute::new("tombstoned.outbox.event_type", event.event_type.clone()),
+                Attribute::new("tombstoned.outbox.attempt", i64::from(event.attempts)),
+            ];
+            if let Some(url) = &self.config.endpoint {
+                attributes.push(Attribute::new(
+                    "server.address",
+                    url.host_str().unwrap_or_default().to_owned(),
+                ));
+                if let Some(port) = url.port_or_known_default() {
+                    attributes.push(Attribute::new("server.port", i64::from(port)));
+                }
+            }
+            if event.attempts > 1 {
+                attributes.push(Attribute::new(
+                    "http.request.resend_count",
+                    i64::from(event.attempts - 1),
+                ));
+            }
+            attributes
+        })
+    }
+
+    /// One attempt of a leased event, inside its `span`: the POST (with the span's `traceparent`
+    /// when the event has a stored context: an event without one goes out exactly as before
+    /// traces), then the result recorded.
+    async fn attempt(
+        &self,
+        client: &Conn<'_>,
+        event: Event,
+        shutdown: &CancellationToken,
+        span: &Span,
+    ) -> Handled {
         let grace_over = async {
             shutdown.cancelled().await;
             tokio::time::sleep(self.config.shutdown_grace).await;
         };
+        let traceparent = event.traceparent.as_ref().and_then(|_| span.traceparent());
         let attempt = tokio::select! {
-            attempt = self.client.deliver(&event) => attempt,
+            attempt = self.client.deliver(&event, traceparent.as_deref()) => attempt,
             () = grace_over => {
+                span.fail("abandoned");
                 self.count(DeliveryOutcome::Abandoned, None);
                 tracing::info!(
                     event_id = %event.event_id,
@@ -460,6 +512,22 @@ impl Relay {
         let (decision, outcome) =
             policy::decide(&attempt.result, attempts, &self.config, rand::random());
         self.count(outcome, Some(attempt.duration));
+        span.set(|| {
+            let mut attributes = vec![Attribute::new("tombstoned.outbox.outcome", outcome.label())];
+            if let Some(status) = attempt.result.status() {
+                attributes.push(Attribute::new(
+                    "http.response.status_code",
+                    i64::from(status),
+                ));
+            }
+            attributes
+        });
+        match &attempt.result {
+            AttemptResult::Status(status) if *status >= 400 => span.fail(status.to_string()),
+            AttemptResult::Status(_) => {}
+            AttemptResult::Timeout => span.fail("timeout"),
+            AttemptResult::Connection(_) => span.fail("connection"),
+        }
         let recorded = self
             .record(client, &event, &decision, &attempt.result)
             .await;

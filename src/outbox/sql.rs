@@ -55,7 +55,7 @@ macro_rules! due_condition {
 macro_rules! event_columns {
     () => {
         "e.event_id, e.tenant_id, e.order_id, e.aggregate_id, e.event_type, e.sequence, e.payload, \
-         e.created_at, e.attempts, e.sender"
+         e.created_at, e.attempts, e.sender, e.traceparent"
     };
 }
 

@@ -7,6 +7,7 @@
 //! webhook-id: <event_id>                       the same on every attempt: the dedup key
 //! webhook-timestamp: <unix seconds of this attempt>
 //! webhook-signature: v1,<base64 HMAC-SHA256(secret, "<id>.<timestamp>.<body>")>
+//! traceparent: <the delivery's span, W3C>      only for an event stored with a trace context
 //!
 //! <the event's JSON body: super::Event::body>
 //! ```
@@ -231,21 +232,26 @@ impl WebhookClient {
     }
 
     /// POSTs `event`, signed, and waits at most `outbox.request_timeout` for the whole answer.
-    /// Never opens or touches a database transaction.
-    pub async fn deliver(&self, event: &Event) -> Attempt {
+    /// Never opens or touches a database transaction. `traceparent`: the delivery's span, sent
+    /// as W3C Trace Context so the receiver continues the trace (outside the signature: it
+    /// differs per attempt, and a receiver that ignores it loses nothing).
+    pub async fn deliver(&self, event: &Event, traceparent: Option<&str>) -> Attempt {
         let started = Instant::now();
         let body = event.body();
         let id = event.event_id.to_string();
         let timestamp = chrono::Utc::now().timestamp();
         let signature = self.secret.sign(&id, timestamp, &body);
-        let request = self
+        let mut request = self
             .http
             .post(self.endpoint.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header("webhook-id", &id)
             .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .body(body);
+            .header("webhook-signature", signature);
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        let request = request.body(body);
         let exchange = async {
             let mut response = request.send().await?;
             let status = response.status().as_u16();

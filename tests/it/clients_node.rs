@@ -14,7 +14,7 @@ use crate::clients_support::{run_suite, ClientEnv};
 use crate::ops_support::repo_root;
 
 /// `clients/setup node`: node_modules from the lock file and the build (a no-op when made).
-fn setup() {
+pub fn setup() {
     let status = std::process::Command::new(repo_root().join("clients/setup"))
         .arg("node")
         .status()

@@ -21,7 +21,7 @@ fn project() -> PathBuf {
 }
 
 /// `clients/setup python`; the venv's interpreter.
-fn setup() -> PathBuf {
+pub fn setup() -> PathBuf {
     let status = Command::new(repo_root().join("clients/setup"))
         .arg("python")
         .status()

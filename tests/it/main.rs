@@ -66,6 +66,8 @@ mod standby;
 mod status;
 mod throttle;
 mod tls;
+mod traces;
+mod traces_support;
 
 /// The shared harness (`tombstoned_testkit::harness`), plus the binary only this package's tests
 /// can name.

@@ -55,6 +55,8 @@ pub struct Arrival {
     pub at: Instant,
     /// What the receiver did.
     pub behaviour: Behaviour,
+    /// Its W3C `traceparent` header, when it had one (the relay's delivery span).
+    pub traceparent: Option<String>,
 }
 
 /// What the receiver counted.
@@ -321,6 +323,10 @@ async fn handle(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
         id: id.clone(),
         at: Instant::now(),
         behaviour,
+        traceparent: headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
     });
     if !s.in_flight.lock().unwrap().insert(id.clone()) {
         s.overlaps.fetch_add(1, Ordering::SeqCst);

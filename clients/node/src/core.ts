@@ -8,6 +8,7 @@
 import { classify, sqlstateOf, UnknownApiVersionError } from './errors.js';
 import { Expired, KeyReused, Owner, Replay } from './outcomes.js';
 import type { ClaimOutcome, LookupOutcome } from './outcomes.js';
+import { currentTraceparent, SET_TRACEPARENT } from './trace.js';
 
 /** The `api_version()` this package speaks. */
 export const API_VERSION = 1;
@@ -201,7 +202,11 @@ export async function complete(
   return rows[0].body;
 }
 
-/** An outbox event that commits with the caller's transaction or not at all; its id. */
+/**
+ * An outbox event that commits with the caller's transaction or not at all; its id. With the
+ * OpenTelemetry API installed and a span active, the event keeps that span's trace context: its
+ * delivery continues the trace.
+ */
 export async function enqueueEvent(
   conn: Queryable,
   tenant: string,
@@ -210,6 +215,10 @@ export async function enqueueEvent(
   payload: unknown,
   options?: SchemaOption,
 ): Promise<string> {
+  const traceparent = await currentTraceparent();
+  if (traceparent !== null) {
+    await run(conn, SET_TRACEPARENT, [traceparent]);
+  }
   const rows = await run(conn, statements(options).enqueueEvent, [
     tenant,
     aggregateId,

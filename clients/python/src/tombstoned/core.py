@@ -29,6 +29,7 @@ from ._calls import (
     version_checked,
 )
 from ._statements import in_schema
+from ._trace import SET_TRACEPARENT, current_traceparent
 from .outcomes import Expired, KeyReused, Outcome, Replay, Scope, lookup_outcome, outcome_from_row
 
 Connection = psycopg.Connection[Any]
@@ -105,6 +106,15 @@ def lookup(
     return lookup_outcome(_call(conn, schema, in_schema(schema).lookup, params))
 
 
+def _pass_trace_context(conn: Connection) -> None:
+    """The caller's active OpenTelemetry span, for the event about to be enqueued in this
+    transaction (README "Traces"): one statement, only when there is one."""
+    traceparent = current_traceparent()
+    if traceparent is not None:
+        with mapped_errors():
+            conn.execute(SET_TRACEPARENT, (traceparent,))
+
+
 def enqueue_event(
     conn: Connection,
     tenant: str,
@@ -115,7 +125,9 @@ def enqueue_event(
     schema: str = DEFAULT_SCHEMA,
 ) -> UUID:
     """An outbox event that commits with this transaction or not at all; returns its id (the
-    ``webhook-id`` the relay delivers it under)."""
+    ``webhook-id`` the relay delivers it under). With the OpenTelemetry API installed and a span
+    active, the event keeps that span's trace context: its delivery continues the trace."""
     params = enqueue_params(tenant, aggregate_id, event_type, payload)
+    _pass_trace_context(conn)
     row = _call(conn, schema, in_schema(schema).enqueue_event, params)
     return as_uuid(one_row(row, "enqueue_event")[0])

@@ -1,0 +1,384 @@
+//! The export of ended spans, which never makes the service wait: a bounded queue (the SDK's
+//! span processor is ours, [`QueueProcessor`]), one background task that sends it in batches to
+//! the collector over OTLP/HTTP with protobuf ([`Exporter`]), and the account of every span
+//! dropped on the way ([`Drops`]) — the queue full, or an export that failed or did not finish in
+//! time — counted in `tombstoned_trace_spans_dropped_total` and logged at most once a minute.
+//!
+//! Why not the SDK's `BatchSpanProcessor`: it keeps its drop count to itself (one line at
+//! shutdown), and runs its exporter on a thread of its own where the relay's async reqwest cannot
+//! run. The sizes are the OpenTelemetry specification's defaults for a batch span processor.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use opentelemetry::Context;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
+use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Span as SdkSpan, SpanData, SpanProcessor};
+use opentelemetry_sdk::Resource;
+use prost::Message as _;
+use reqwest::Url;
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use super::TelemetryError;
+use crate::config::TracingConfig;
+
+/// Spans waiting for export at most; one more is dropped (OTEL_BSP_MAX_QUEUE_SIZE's default).
+pub(super) const QUEUE_CAPACITY: usize = 2048;
+/// Spans per export request at most (OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default); a queue that
+/// holds that many is sent at once.
+const MAX_BATCH: usize = 512;
+/// How long a span waits for its batch at most when traffic is light.
+const BATCH_DELAY: Duration = Duration::from_secs(1);
+/// Bound on one export, connect to the end of the answer (OTEL_EXPORTER_OTLP_TIMEOUT's default).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Drops are logged at most this often (their count, always).
+const DROP_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// How much of a collector's answer is read: the partial success message is small.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// The queue between the spans' ends and the export task.
+#[derive(Debug)]
+struct Queue {
+    spans: Mutex<Vec<SpanData>>,
+    /// Wakes the task when a whole batch is waiting (not for every span: a wake-up per span
+    /// would cost every request a thread hop).
+    full_batch: Notify,
+    /// Spans of the export on the wire now (dropped too if shutdown cannot wait for it).
+    in_flight: AtomicU64,
+    drops: Arc<Drops>,
+}
+
+impl Queue {
+    /// Up to [`MAX_BATCH`] spans, oldest first; `None` when there are none.
+    fn take(&self) -> Option<Vec<SpanData>> {
+        let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        if spans.is_empty() {
+            return None;
+        }
+        if spans.len() <= MAX_BATCH {
+            return Some(std::mem::take(&mut *spans));
+        }
+        Some(spans.drain(..MAX_BATCH).collect())
+    }
+
+    fn len(&self) -> usize {
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// The SDK's span processor: an ended span joins the queue, or is dropped when it is full.
+#[derive(Debug)]
+pub(super) struct QueueProcessor(Arc<Queue>);
+
+impl SpanProcessor for QueueProcessor {
+    fn on_start(&self, _span: &mut SdkSpan, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        let queued = {
+            let mut spans = self.0.spans.lock().unwrap_or_else(PoisonError::into_inner);
+            if spans.len() >= QUEUE_CAPACITY {
+                None
+            } else {
+                spans.push(span);
+                Some(spans.len())
+            }
+        };
+        match queued {
+            None => self.0.drops.add(1, || {
+                format!("the export queue is full ({QUEUE_CAPACITY} spans)")
+            }),
+            Some(MAX_BATCH) => self.0.full_batch.notify_one(),
+            Some(_) => {}
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// Every span dropped: counted (the metric, when the daemon gave one) and logged at most once
+/// a minute with how many since the last line and why.
+#[derive(Debug)]
+struct Drops {
+    total: AtomicU64,
+    counter: Option<prometheus::IntCounter>,
+    log: Mutex<DropLog>,
+}
+
+#[derive(Debug, Default)]
+struct DropLog {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Drops {
+    fn add(&self, n: u64, reason: impl FnOnce() -> String) {
+        if n == 0 {
+            return;
+        }
+        self.total.fetch_add(n, Ordering::Relaxed);
+        if let Some(counter) = &self.counter {
+            counter.inc_by(n);
+        }
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        log.unlogged += n;
+        if log.last.is_none_or(|t| t.elapsed() >= DROP_LOG_INTERVAL) {
+            tracing::warn!(
+                dropped = log.unlogged,
+                dropped_total = self.total.load(Ordering::Relaxed),
+                reason = %reason(),
+                "trace spans dropped (tombstoned_trace_spans_dropped_total); requests are not \
+                 affected. Logged at most once a minute"
+            );
+            log.last = Some(Instant::now());
+            log.unlogged = 0;
+        }
+    }
+
+    /// At shutdown: the drops not yet logged, in one last line.
+    fn log_rest(&self) {
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        if log.unlogged > 0 {
+            tracing::warn!(
+                dropped = log.unlogged,
+                dropped_total = self.total.load(Ordering::Relaxed),
+                "trace spans dropped since the last report"
+            );
+            log.unlogged = 0;
+        }
+    }
+}
+
+/// OTLP/HTTP with protobuf: one POST of an `ExportTraceServiceRequest` per batch to
+/// `<endpoint>/v1/traces`, with the configured headers.
+pub(super) struct Exporter {
+    http: reqwest::Client,
+    url: Url,
+    headers: reqwest::header::HeaderMap,
+    resource: ResourceAttributesWithSchema,
+}
+
+/// Why an export did not deliver its spans.
+enum ExportFailure {
+    /// The collector answered with this status.
+    Status(u16),
+    /// No complete answer within [`EXPORT_TIMEOUT`].
+    Timeout,
+    /// No connection, TLS, or the connection broke.
+    Connection(String),
+}
+
+impl ExportFailure {
+    fn reason(&self) -> String {
+        match self {
+            ExportFailure::Status(status) => format!("the collector answered HTTP {status}"),
+            ExportFailure::Timeout => format!(
+                "the collector did not answer within {}",
+                humantime::format_duration(EXPORT_TIMEOUT)
+            ),
+            ExportFailure::Connection(reason) => format!("cannot reach the collector: {reason}"),
+        }
+    }
+}
+
+impl Exporter {
+    /// The HTTP client: TLS verified against the system roots, or against `tracing.ca_file`
+    /// alone (as the relay's `outbox.ca_file`); no redirects (the headers are credentials).
+    pub(super) fn new(
+        config: &TracingConfig,
+        url: Url,
+        resource: &Resource,
+    ) -> Result<Self, TelemetryError> {
+        let mut builder = reqwest::Client::builder()
+            .timeout(EXPORT_TIMEOUT)
+            .connect_timeout(EXPORT_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("tombstoned/", env!("CARGO_PKG_VERSION")))
+            .pool_max_idle_per_host(1);
+        if let Some(ca_file) = &config.ca_file {
+            let ca_error = |reason: String| TelemetryError::CaFile {
+                path: ca_file.clone(),
+                reason,
+            };
+            let pem = std::fs::read(ca_file).map_err(|e| ca_error(e.to_string()))?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+                .ok()
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| ca_error("no PEM certificate in it".into()))?;
+            builder = builder.tls_certs_only(certificates);
+        }
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (name, value) in config.headers.expose() {
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| TelemetryError::Client(format!("header name {name:?}")))?;
+            let mut value = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+                TelemetryError::Client(format!("the value of header {name} (not shown)"))
+            })?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        headers.insert(
+            reqwest::header::CONTENT_TYPE,
+            reqwest::header::HeaderValue::from_static("application/x-protobuf"),
+        );
+        Ok(Exporter {
+            http: builder
+                .build()
+                .map_err(|e| TelemetryError::Client(crate::db::error_text(&e)))?,
+            url,
+            headers,
+            resource: ResourceAttributesWithSchema::from(resource),
+        })
+    }
+
+    /// Sends `spans`; answers how many the collector accepted none of (all of them on a failure,
+    /// the rejected ones of a partial success).
+    async fn export(&self, spans: Vec<SpanData>) -> Result<u64, ExportFailure> {
+        let request = ExportTraceServiceRequest {
+            resource_spans: group_spans_by_resource_and_scope(spans, &self.resource),
+        };
+        let exchange = async {
+            let mut response = self
+                .http
+                .post(self.url.clone())
+                .headers(self.headers.clone())
+                .body(request.encode_to_vec())
+                .send()
+                .await?;
+            let status = response.status();
+            let mut body = Vec::new();
+            while let Some(chunk) = response.chunk().await? {
+                body.extend_from_slice(&chunk);
+                if body.len() > MAX_RESPONSE_BYTES {
+                    break;
+                }
+            }
+            Ok::<_, reqwest::Error>((status, body))
+        };
+        // reqwest's own timeout covers the exchange; the outer one is a backstop.
+        match tokio::time::timeout(EXPORT_TIMEOUT + Duration::from_millis(100), exchange).await {
+            Ok(Ok((status, body))) if status.is_success() => {
+                let rejected = ExportTraceServiceResponse::decode(body.as_slice())
+                    .ok()
+                    .and_then(|r| r.partial_success)
+                    .map_or(0, |p| u64::try_from(p.rejected_spans).unwrap_or(0));
+                Ok(rejected)
+            }
+            Ok(Ok((status, _))) => Err(ExportFailure::Status(status.as_u16())),
+            Ok(Err(e)) if e.is_timeout() => Err(ExportFailure::Timeout),
+            Ok(Err(e)) => Err(ExportFailure::Connection(crate::db::error_text(
+                &e.without_url(),
+            ))),
+            Err(_) => Err(ExportFailure::Timeout),
+        }
+    }
+}
+
+/// The export task's handle: [`Pipeline::shutdown`] flushes and stops it.
+pub(super) struct Pipeline {
+    queue: Arc<Queue>,
+    flush: mpsc::Sender<(Instant, oneshot::Sender<()>)>,
+}
+
+impl Pipeline {
+    /// The processor to give the SDK, and the export task, spawned on the current runtime.
+    pub(super) fn start(
+        exporter: Exporter,
+        counter: Option<prometheus::IntCounter>,
+    ) -> (QueueProcessor, Pipeline) {
+        let queue = Arc::new(Queue {
+            spans: Mutex::new(Vec::with_capacity(MAX_BATCH)),
+            full_batch: Notify::new(),
+            in_flight: AtomicU64::new(0),
+            drops: Arc::new(Drops {
+                total: AtomicU64::new(0),
+                counter,
+                log: Mutex::new(DropLog::default()),
+            }),
+        });
+        let (flush, requests) = mpsc::channel(1);
+        tokio::spawn(run(queue.clone(), exporter, requests));
+        (QueueProcessor(queue.clone()), Pipeline { queue, flush })
+    }
+
+    /// Sends what is queued, within `bound`; what is left then is dropped.
+    pub(super) async fn shutdown(self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        let (done, finished) = oneshot::channel();
+        let flushed = async {
+            self.flush.send((deadline, done)).await.ok()?;
+            finished.await.ok()
+        };
+        if tokio::time::timeout(bound, flushed).await.is_err() {
+            let left = self.queue.len() as u64 + self.queue.in_flight.load(Ordering::Relaxed);
+            self.queue.drops.add(left, || {
+                format!(
+                    "not exported within the shutdown bound ({})",
+                    humantime::format_duration(bound)
+                )
+            });
+        }
+        self.queue.drops.log_rest();
+    }
+}
+
+/// The export task: a batch whenever one is full or [`BATCH_DELAY`] has passed, one export at a
+/// time; at a flush request, everything queued until its deadline, then it ends.
+async fn run(
+    queue: Arc<Queue>,
+    exporter: Exporter,
+    mut flushes: mpsc::Receiver<(Instant, oneshot::Sender<()>)>,
+) {
+    loop {
+        tokio::select! {
+            () = queue.full_batch.notified() => {}
+            () = tokio::time::sleep(BATCH_DELAY) => {}
+            request = flushes.recv() => {
+                if let Some((deadline, done)) = request {
+                    while let Some(batch) = queue.take() {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        send(&exporter, &queue, batch, left).await;
+                    }
+                    let _ = done.send(());
+                }
+                return;
+            }
+        }
+        while let Some(batch) = queue.take() {
+            send(&exporter, &queue, batch, EXPORT_TIMEOUT).await;
+        }
+    }
+}
+
+/// One export, bounded by `within`; its spans counted as dropped when it fails.
+async fn send(exporter: &Exporter, queue: &Queue, batch: Vec<SpanData>, within: Duration) {
+    let n = batch.len() as u64;
+    let drops = &queue.drops;
+    queue.in_flight.store(n, Ordering::Relaxed);
+    let exported = tokio::time::timeout(within, exporter.export(batch)).await;
+    queue.in_flight.store(0, Ordering::Relaxed);
+    match exported {
+        Ok(Ok(rejected)) => drops.add(rejected, || "the collector rejected them".to_owned()),
+        Ok(Err(failure)) => drops.add(n, || failure.reason()),
+        Err(_) => drops.add(n, || {
+            format!(
+                "the export did not finish within {}",
+                humantime::format_duration(within)
+            )
+        }),
+    }
+}
