@@ -756,7 +756,10 @@ async fn each_example_starts_on_the_port_examples_readme_names() {
     };
     for (example, script) in [
         (Example::Python, "examples/python-payments/service.py"),
-        (Example::Django, "examples/python-payments/django_service.py"),
+        (
+            Example::Django,
+            "examples/python-payments/django_service.py",
+        ),
         (Example::Node, "examples/node-payments/service.js"),
         (Example::Fastify, "examples/node-payments/fastify.js"),
     ] {
