@@ -735,10 +735,11 @@ async fn fastify_payments_sample_app_503s() {
     unavailable(Example::Fastify).await;
 }
 
-/// examples/README.md's "Running one by hand": each example started with its command line there,
+/// examples/README.md's "Running one by hand": each app started with its command line there,
 /// without `PORT`, listens on the port the line names (8081 Python, 8082 Node — beside the
-/// daemon's 8080; a language's two apps share its port), as its first line says. The Rust one's line is `cargo run`, which cannot run
-/// inside `cargo test` (the build directory's lock is held): its `main.rs` default is compared.
+/// daemon's 8080; a language's two apps share its port), as its first line says. The Rust one's
+/// line is `cargo run`, which cannot run inside `cargo test` (the build directory's lock is
+/// held): its `main.rs` default is compared.
 #[tokio::test]
 async fn each_example_starts_on_the_port_examples_readme_names() {
     let readme = std::fs::read_to_string(repo_root().join("examples/README.md")).unwrap();
