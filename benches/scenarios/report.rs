@@ -28,6 +28,39 @@ pub struct Row {
     pub verdict: String,
 }
 
+impl Row {
+    /// `measured` against `baseline`, repetition by repetition: both medians, the ratio of the
+    /// medians, the median of the per-repetition ratios and `range` (the noise, in the scenario's
+    /// words); no target.
+    pub fn compared(
+        scenario: u8,
+        metric: String,
+        baseline: &[f64],
+        measured: &[f64],
+        decimals: usize,
+        range: String,
+    ) -> Row {
+        let (mb, mm) = (
+            crate::stats::median(baseline).unwrap_or(f64::NAN),
+            crate::stats::median(measured).unwrap_or(f64::NAN),
+        );
+        Row {
+            scenario,
+            metric,
+            baseline: num(mb, decimals),
+            tombstoned: num(mm, decimals),
+            ratio: num(crate::stats::ratio(mm, mb), 2),
+            pair_ratio: num(
+                crate::stats::median_of_pair_ratios(measured, baseline).unwrap_or(f64::NAN),
+                2,
+            ),
+            range,
+            target: String::new(),
+            verdict: String::new(),
+        }
+    }
+}
+
 /// A target checked against a measured value.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {

@@ -29,8 +29,8 @@ use crate::daemon::Daemon;
 use crate::floor::Floor;
 use crate::http_load::{closed_loop, error_kinds, LoadResult, Make};
 use crate::profile::{self, CallgrindProfile, SystemProfile, Tools};
-use crate::report::{check, num, range, Row, ScenarioResult};
-use crate::stats::{median, median_of_pair_ratios, ratio};
+use crate::report::{check, range, Row, ScenarioResult};
+use crate::stats::{median, ratio};
 use crate::Bench;
 
 /// Concurrent clients, daemon pool size and floor sessions.
@@ -131,25 +131,12 @@ pub async fn scenario10(bench: &mut Bench) -> Result<ScenarioResult> {
         let name = format!("{:?}", g.workload).to_lowercase();
         let (d, f) = (&g.daemon, &g.floor);
         let row = |metric: String, floor: &[f64], daemon: &[f64], decimals: usize, unit: &str| {
-            let (mf, md) = (
-                median(floor).unwrap_or(f64::NAN),
-                median(daemon).unwrap_or(f64::NAN),
+            let noise = format!(
+                "daemon {} / floor {}",
+                range(daemon, decimals, unit),
+                range(floor, decimals, unit)
             );
-            Row {
-                scenario: 10,
-                metric,
-                baseline: num(mf, decimals),
-                tombstoned: num(md, decimals),
-                ratio: num(ratio(md, mf), 2),
-                pair_ratio: num(median_of_pair_ratios(daemon, floor).unwrap_or(f64::NAN), 2),
-                range: format!(
-                    "daemon {} / floor {}",
-                    range(daemon, decimals, unit),
-                    range(floor, decimals, unit)
-                ),
-                target: String::new(),
-                verdict: String::new(),
-            }
+            Row::compared(10, metric, floor, daemon, decimals, noise)
         };
         rows.push(row(
             format!(

@@ -29,8 +29,8 @@ use crate::api_limit::{requests, Workload};
 use crate::cpu::{self, Spent};
 use crate::daemon::Daemon;
 use crate::http_load::{closed_loop, LoadResult};
-use crate::report::{check, num, range, Row, ScenarioResult};
-use crate::stats::{median, median_of_pair_ratios, ratio};
+use crate::report::{check, range, Row, ScenarioResult};
+use crate::stats::{median, ratio};
 use crate::Bench;
 
 /// Concurrent clients, and each daemon's pool size.
@@ -233,26 +233,13 @@ pub async fn scenario12(bench: &mut Bench) -> Result<ScenarioResult> {
         let off = &g.sides[0];
         for (mode, side) in MODES.iter().zip(&g.sides).skip(1) {
             let row = |metric: String, base: &[f64], measured: &[f64], decimals: usize| {
-                let (mb, mm) = (
-                    median(base).unwrap_or(f64::NAN),
-                    median(measured).unwrap_or(f64::NAN),
+                let noise = format!(
+                    "{} {} / off {}",
+                    mode.label(),
+                    range(measured, decimals, ""),
+                    range(base, decimals, "")
                 );
-                Row {
-                    scenario: 12,
-                    metric,
-                    baseline: num(mb, decimals),
-                    tombstoned: num(mm, decimals),
-                    ratio: num(ratio(mm, mb), 2),
-                    pair_ratio: num(median_of_pair_ratios(measured, base).unwrap_or(f64::NAN), 2),
-                    range: format!(
-                        "{} {} / off {}",
-                        mode.label(),
-                        range(measured, decimals, ""),
-                        range(base, decimals, "")
-                    ),
-                    target: String::new(),
-                    verdict: String::new(),
-                }
+                Row::compared(12, metric, base, measured, decimals, noise)
             };
             let label = mode.label();
             rows.push(row(
