@@ -19,16 +19,18 @@ use crate::db::statement::types_of;
 use crate::db::{self, Conn, DbError, ErrorClass, Param, SessionSettings};
 use crate::telemetry::Span;
 
-/// `attempt`, timed by a database client span named after its statement (with tracing on),
-/// failed with the SQLSTATE `sqlstate` finds in its error. A leaf: the span is not made current
-/// while the statement runs (nothing starts inside it), which spares every poll of it.
-async fn statement_span<T, E>(
+/// The attempt `attempt` makes, timed by a database client span named after its statement (with
+/// tracing on), failed with the SQLSTATE `sqlstate` finds in its error. A leaf: the span is not
+/// made current while the statement runs (nothing starts inside it), which spares every poll of
+/// it. The attempt is made here, not passed in made: a future passed in and awaited is held
+/// twice in this one's state (as the argument and as the awaited), doubling every claim's.
+async fn statement_span<T, E, F: std::future::Future<Output = Result<T, E>>>(
     statement: &'static str,
-    attempt: impl std::future::Future<Output = Result<T, E>>,
+    attempt: impl FnOnce() -> F,
     sqlstate: fn(&E) -> Option<&str>,
 ) -> Result<T, E> {
     let span = Span::database(statement);
-    let result = attempt.await;
+    let result = attempt().await;
     if let Err(e) = &result {
         span.fail_sqlstate(sqlstate(e));
     }
@@ -62,7 +64,7 @@ pub(super) async fn claim_on(
         commit_sent.store(true, Ordering::Release);
         let owned_or_not = statement_span(
             owner_statement(req),
-            owner_attempt(client, session, &lock_timeout, window, req),
+            || owner_attempt(client, session, &lock_timeout, window, req),
             failure_sqlstate,
         )
         .await;
@@ -78,11 +80,13 @@ pub(super) async fn claim_on(
                     if scope_ensured {
                         return Err(ClaimError::Unstable);
                     }
-                    let ensured = statement_span(
+                    // Boxed, as every path but the owner attempt's: a rare path's state would
+                    // otherwise size (and be copied with) every claim's future.
+                    let ensured = Box::pin(statement_span(
                         "ensure_scope",
-                        ensure_scope(client, settings, req),
+                        || ensure_scope(client, settings, req),
                         claim_error_sqlstate,
-                    );
+                    ));
                     if let Some(outcome) = ensured.await? {
                         return Ok(outcome);
                     }
@@ -114,11 +118,11 @@ pub(super) async fn claim_on(
                 if class == ErrorClass::UniqueViolation
                     && db::violated_constraint(&failure.error) == Some(ORDER_REQUEST_CONSTRAINT)
                 {
-                    let duplicate = statement_span(
+                    let duplicate = Box::pin(statement_span(
                         "find_order_by_request_id",
-                        duplicate_request(client, req),
+                        || duplicate_request(client, req),
                         claim_error_sqlstate,
-                    );
+                    ));
                     match duplicate.await? {
                         Some(outcome) => return Ok(outcome),
                         None => continue, // the order is gone again: claim anew
@@ -126,7 +130,9 @@ pub(super) async fn claim_on(
                 }
                 return match class {
                     ErrorClass::LockNotAvailable => Ok(ClaimOutcome::InProgress),
-                    ErrorClass::ReadOnly => read_only(client, settings, req, failure.error).await,
+                    ErrorClass::ReadOnly => {
+                        Box::pin(read_only(client, settings, req, failure.error)).await
+                    }
                     // Everything was sent, COMMIT included: it may have committed.
                     ErrorClass::Unavailable if failure.sent => {
                         Err(ClaimError::OutcomeUnknown(DbError::Query(failure.error)))
@@ -138,18 +144,20 @@ pub(super) async fn claim_on(
                 };
             }
         }
-        let replay = statement_span(
+        let replay = Box::pin(statement_span(
             "read_for_replay",
-            replay_attempt(client, &lock_timeout, req),
+            || replay_attempt(client, &lock_timeout, req),
             failure_sqlstate,
-        );
+        ));
         match replay.await {
             Ok(Some(row)) => return existing(&row, req),
             Ok(None) => continue, // deleted between our INSERT and SELECT (purge): claim anew
             Err(failure) => {
                 return match db::classify(&failure.error) {
                     ErrorClass::LockNotAvailable => Ok(ClaimOutcome::InProgress),
-                    ErrorClass::ReadOnly => read_only(client, settings, req, failure.error).await,
+                    ErrorClass::ReadOnly => {
+                        Box::pin(read_only(client, settings, req, failure.error)).await
+                    }
                     ErrorClass::Unavailable => {
                         Err(ClaimError::Unavailable(DbError::Query(failure.error)))
                     }
@@ -218,7 +226,7 @@ async fn read_only(
 ) -> Result<ClaimOutcome, ClaimError> {
     statement_span(
         "read_record_read_only",
-        read_only_untraced(client, settings, req, refused),
+        || read_only_untraced(client, settings, req, refused),
         claim_error_sqlstate,
     )
     .await
@@ -316,11 +324,17 @@ async fn owner_attempt(
             let event_id = Uuid::now_v7();
             let amount = o.currency.format(o.amount_minor);
             let currency = o.currency.code();
+            // The claim span's context, stored with the order's outbox event (README "Traces"):
+            // only while a recorded trace is current.
+            let trace = crate::telemetry::current_traceparent();
             claim_statement(
                 client,
                 sql::claim_and_create(client.pooler()),
                 session,
                 lock_timeout,
+                trace
+                    .as_deref()
+                    .map(|trace| (sql::CLAIM_AND_CREATE_TRACED, trace)),
                 &[
                     &req.tenant,
                     &req.principal,
@@ -345,11 +359,13 @@ async fn owner_attempt(
         }
         Decision::Reject { status, body } => {
             let status = i16::try_from(*status).unwrap_or(422);
+            // No event, so no trace context to store.
             claim_statement(
                 client,
                 sql::claim_rejected(client.pooler()),
                 session,
                 lock_timeout,
+                None,
                 &[
                     &req.tenant,
                     &req.principal,
@@ -378,30 +394,47 @@ async fn owner_attempt(
 /// trip and one server-connection assignment in the pooler. Under a server whose default
 /// isolation is not READ COMMITTED the function refuses ([`ErrorClass::WrongIsolation`], nothing
 /// done) and the call runs again inside `BEGIN ISOLATION LEVEL READ COMMITTED ... COMMIT`.
+///
+/// `traced`: the statement's variant that stores a trace context with the order's event, and
+/// that context. On a session that keeps session state the variant runs instead, alone as
+/// above: a traced claim is one statement too. Through a transaction pooler the function's call
+/// runs in an explicit transaction that sets `tombstoned.traceparent` first
+/// ([`sql::SET_LOCK_TIMEOUT_AND_TRACE`]), as the SQL API's callers set it.
 async fn claim_statement(
     client: &Conn<'_>,
     statement: &'static str,
     session: SessionSettings,
     lock_timeout: &str,
+    traced: Option<(&'static str, &str)>,
     params: &[&dyn Param],
 ) -> Result<Vec<Row>, PipelineFailure> {
-    // The claim span's context, for the order's outbox event (README "Traces"): set in the
-    // claim's own transaction, so only while a recorded trace is current. A traced claim runs in
-    // an explicit transaction (BEGIN READ COMMITTED, the lock timeout and the context set
-    // locally, the statement, COMMIT): the context needs a statement of its own before the
-    // claim's, on any connection.
-    let trace = crate::telemetry::current_traceparent();
     if client.pooler().keeps_session_state() {
         let statement_params = params.split_last().map_or(params, |(_, rest)| rest);
-        return match &trace {
+        return match traced {
             None => pipeline::in_session(client, session, statement, statement_params).await,
-            Some(trace) => {
-                traced_transaction(client, statement, lock_timeout, trace, statement_params).await
+            Some((traced_statement, trace)) => {
+                let mut traced_params = statement_params.to_vec();
+                traced_params.push(&trace);
+                Box::pin(pipeline::in_session(
+                    client,
+                    session,
+                    traced_statement,
+                    &traced_params,
+                ))
+                .await
             }
         };
     }
-    if let Some(trace) = &trace {
-        return traced_transaction(client, statement, lock_timeout, trace, params).await;
+    // Boxed, as below: the rarer shapes' states would size every claim's future.
+    if let Some((_, trace)) = traced {
+        return Box::pin(traced_transaction(
+            client,
+            statement,
+            lock_timeout,
+            trace,
+            params,
+        ))
+        .await;
     }
     match pipeline::alone(client, statement, params).await {
         Err(failure) if db::classify(&failure.error) == ErrorClass::WrongIsolation => {
@@ -409,13 +442,13 @@ async fn claim_statement(
                 "the server's default isolation is not READ COMMITTED: the claim runs in an \
                  explicit transaction"
             );
-            in_transaction(
+            Box::pin(in_transaction(
                 client,
                 sql::SET_LOCK_TIMEOUT,
                 statement,
                 lock_timeout,
                 params,
-            )
+            ))
             .await
         }
         done => done,

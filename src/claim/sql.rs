@@ -127,6 +127,50 @@ pub const SET_LOCK_TIMEOUT: &str = crate::db::sql::SET_LOCAL_LOCK_TIMEOUT;
 pub const SET_LOCK_TIMEOUT_AND_TRACE: &str = "SELECT set_config('lock_timeout', $1, true), \
 set_config('tombstoned.traceparent', $2, true)";
 
+/// [`CLAIM_AND_CREATE`]'s text, with `$event_columns` and `$event_values` appended to its outbox
+/// event's columns and values (nothing, or the traced variant's `traceparent`).
+macro_rules! claim_and_create_sql {
+    ($event_columns:literal, $event_values:literal) => {
+        concat!(
+            existing_cte!(),
+            "), ",
+            replay_cte!(),
+            "), claim AS (\n",
+            "    INSERT INTO {schema}.idempotency_records\n",
+            "        (scope_id, idempotency_key, fingerprint,\n",
+            "         status_code, response_body, order_id, replay_deadline)\n",
+            "    SELECT scope.scope_id, $4, $5::bytea, 201,\n        ",
+            order_json_sql!(
+                "$6::uuid", "$7::text", "$8::bigint", "$9::text", "$10::text", "$11::text",
+                "$12::integer", "$13::text", "'created'", "now()"
+            ),
+            ",\n",
+            "        $6::uuid, now() + $14::bigint * interval '1 microsecond'\n",
+            "    FROM scope\n",
+            "    WHERE NOT EXISTS (SELECT FROM existing)\n",
+            "    ON CONFLICT (scope_id, idempotency_key) DO NOTHING\n",
+            "    RETURNING order_id, response_body\n",
+            "), new_order AS (\n",
+            "    INSERT INTO {schema}.orders (order_id, tenant_id, principal_id, request_id, amount_minor,\n",
+            "                        currency, item, quantity, recipient, status, created_at)\n",
+            "    SELECT claim.order_id, $1, $2, $7, $8, $10, $11, $12, $13, 'created', now()\n",
+            "    FROM claim\n",
+            "    RETURNING order_id\n",
+            "), event AS (\n",
+            "    INSERT INTO {schema}.outbox_events (event_id, tenant_id, order_id, event_type, payload",
+            $event_columns,
+            ")\n",
+            "    SELECT $15, $1, new_order.order_id, 'order.created',\n",
+            "           jsonb_build_object('order', claim.response_body,\n",
+            "                              'metadata', coalesce($16::jsonb, '{}'::jsonb))",
+            $event_values,
+            "\n",
+            "    FROM new_order CROSS JOIN claim\n",
+            claim_result!()
+        )
+    };
+}
+
 /// Claim the key and, only if this transaction now owns it, create the order and its outbox
 /// event — one statement.
 ///
@@ -141,40 +185,16 @@ set_config('tombstoned.traceparent', $2, true)";
 /// snapshot already holds the key (see [`EXISTING`]), with `body` and `status_code` when the
 /// record was share-locked for a replay (see [`REPLAY`]); no row when the key was committed by
 /// a concurrent owner while this INSERT waited for it.
-pub const CLAIM_AND_CREATE: &str =
-    concat!(
-    existing_cte!(),
-    "), ",
-    replay_cte!(),
-    "), claim AS (\n",
-    "    INSERT INTO {schema}.idempotency_records\n",
-    "        (scope_id, idempotency_key, fingerprint,\n",
-    "         status_code, response_body, order_id, replay_deadline)\n",
-    "    SELECT scope.scope_id, $4, $5::bytea, 201,\n        ",
-    order_json_sql!(
-        "$6::uuid", "$7::text", "$8::bigint", "$9::text", "$10::text", "$11::text",
-        "$12::integer", "$13::text", "'created'", "now()"
-    ),
-    ",\n",
-    "        $6::uuid, now() + $14::bigint * interval '1 microsecond'\n",
-    "    FROM scope\n",
-    "    WHERE NOT EXISTS (SELECT FROM existing)\n",
-    "    ON CONFLICT (scope_id, idempotency_key) DO NOTHING\n",
-    "    RETURNING order_id, response_body\n",
-    "), new_order AS (\n",
-    "    INSERT INTO {schema}.orders (order_id, tenant_id, principal_id, request_id, amount_minor,\n",
-    "                        currency, item, quantity, recipient, status, created_at)\n",
-    "    SELECT claim.order_id, $1, $2, $7, $8, $10, $11, $12, $13, 'created', now()\n",
-    "    FROM claim\n",
-    "    RETURNING order_id\n",
-    "), event AS (\n",
-    "    INSERT INTO {schema}.outbox_events (event_id, tenant_id, order_id, event_type, payload)\n",
-    "    SELECT $15, $1, new_order.order_id, 'order.created',\n",
-    "           jsonb_build_object('order', claim.response_body,\n",
-    "                              'metadata', coalesce($16::jsonb, '{}'::jsonb))\n",
-    "    FROM new_order CROSS JOIN claim\n",
-    claim_result!()
-);
+pub const CLAIM_AND_CREATE: &str = claim_and_create_sql!("", "");
+
+/// [`CLAIM_AND_CREATE`] with `$17` the request's trace context (a W3C `traceparent`, its claim
+/// span) stored with the order's outbox event, for a claim on a direct connection while a
+/// recorded trace is current: a traced claim stays one statement, one Sync, like an untraced one
+/// (setting `tombstoned.traceparent` first, as the SQL API's callers do, would take an explicit
+/// transaction: three more statements). Not the function's body: through a transaction pooler
+/// the traced claim sets the setting in its transaction ([`SET_LOCK_TIMEOUT_AND_TRACE`]).
+pub const CLAIM_AND_CREATE_TRACED: &str =
+    claim_and_create_sql!(", traceparent", ",\n           $17::text");
 
 /// Claim the key with a deterministic business rejection as its stored, terminal outcome
 /// (422 approval-limit-exceeded): no order, no event.

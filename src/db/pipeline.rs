@@ -285,13 +285,16 @@ pub async fn in_session(
         return alone(conn, statement, params).await;
     }
     let lock_timeout = sql::duration_setting(settings.lock_timeout);
-    query(
+    // Boxed: the pipelined transaction's state is kilobytes, and the claim's future (which
+    // holds this one) is allocated and moved whole at every request, though a session that
+    // carries the settings never needs it.
+    Box::pin(query(
         conn,
         sql::SET_LOCAL_LOCK_TIMEOUT,
         &[&lock_timeout],
         statement,
         params,
-    )
+    ))
     .await
 }
 

@@ -5,6 +5,7 @@
 //! span (continuing the caller's W3C `traceparent`; OpenTelemetry's HTTP server conventions, the
 //! path never with a key in it).
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -14,13 +15,12 @@ use axum::response::Response;
 
 use super::handlers::OutcomeLabel;
 use super::state::ApiState;
-use super::{ROUTES, UNMATCHED_ROUTE};
+use super::{RouteSpec, ROUTES, UNMATCHED_ROUTE};
 use crate::telemetry::{Attribute, Span};
 
-fn route_label(matched: Option<&MatchedPath>) -> &'static str {
-    matched
-        .and_then(|m| ROUTES.iter().find(|r| r.path == m.as_str()))
-        .map_or(UNMATCHED_ROUTE, |r| r.path)
+/// The documented route a request matched (by its path template), if any.
+fn route_spec(matched: Option<&MatchedPath>) -> Option<&'static RouteSpec> {
+    matched.and_then(|m| ROUTES.iter().find(|r| r.path == m.as_str()))
 }
 
 fn method_label(method: &Method) -> &'static str {
@@ -71,8 +71,9 @@ impl Drop for InFlight {
 /// The request's server span, when tracing is on (nothing is read otherwise): named `METHOD
 /// route` after the route's template, a child of the caller's `traceparent` when it sent a valid
 /// one. `url.path` is the path only where it holds no key: the key route's and an unknown path's
-/// (which could be anything) are left out.
-fn server_span(request: &Request, route: &'static str, method: &'static str) -> Span {
+/// (which could be anything) are left out. A route without parameters names its span and path
+/// with its spec's static strings, so its spans allocate neither.
+fn server_span(request: &Request, spec: Option<&'static RouteSpec>, method: &'static str) -> Span {
     if !crate::telemetry::enabled() {
         return Span::none();
     }
@@ -83,11 +84,10 @@ fn server_span(request: &Request, route: &'static str, method: &'static str) -> 
             _ => None, // absent, or repeated: no usable context
         }
     };
-    let matched = route != UNMATCHED_ROUTE;
-    let name = if matched {
-        format!("{method} {route}")
-    } else {
-        method.to_owned()
+    let name: Cow<'static, str> = match spec {
+        Some(spec) if spec.method == method => Cow::Borrowed(spec.span_name),
+        Some(spec) => Cow::Owned(format!("{method} {}", spec.path)),
+        None => Cow::Borrowed(method),
     };
     let version = match request.version() {
         axum::http::Version::HTTP_2 => "2",
@@ -100,11 +100,13 @@ fn server_span(request: &Request, route: &'static str, method: &'static str) -> 
             Attribute::new("url.scheme", "http"),
             Attribute::new("network.protocol.version", version),
         ];
-        if matched {
-            attributes.push(Attribute::new("http.route", route));
-        }
-        if matched && !route.contains("{key}") {
-            attributes.push(Attribute::new("url.path", request.uri().path().to_owned()));
+        if let Some(spec) = spec {
+            attributes.push(Attribute::new("http.route", spec.path));
+            if !spec.path.contains('{') {
+                attributes.push(Attribute::new("url.path", spec.path));
+            } else if !spec.path.contains("{key}") {
+                attributes.push(Attribute::new("url.path", request.uri().path().to_owned()));
+            }
         }
         attributes
     })
@@ -114,9 +116,10 @@ fn server_span(request: &Request, route: &'static str, method: &'static str) -> 
 pub(crate) async fn track(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     let _in_flight = InFlight::enter(&state.metrics().http_requests_in_flight);
     let started = Instant::now();
-    let route = route_label(request.extensions().get::<MatchedPath>());
+    let spec = route_spec(request.extensions().get::<MatchedPath>());
+    let route = spec.map_or(UNMATCHED_ROUTE, |r| r.path);
     let method = method_label(request.method());
-    let span = server_span(&request, route, method);
+    let span = server_span(&request, spec, method);
     let mut response = span.in_scope(next.run(request)).await;
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
@@ -163,4 +166,16 @@ pub(crate) async fn track(State(state): State<ApiState>, request: Request, next:
         "undocumented status {status} for {method} {route}"
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_routes_span_name_is_its_method_and_template() {
+        for route in ROUTES {
+            assert_eq!(route.span_name, format!("{} {}", route.method, route.path));
+        }
+    }
 }
