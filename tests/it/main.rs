@@ -66,6 +66,7 @@ mod standby;
 mod status;
 mod throttle;
 mod tls;
+mod tls_support;
 mod traces;
 mod traces_support;
 
