@@ -123,7 +123,7 @@ pub(super) async fn run(config: &Config) -> anyhow::Result<Exit> {
     };
     let _ = writeln!(out, "api: {api}; metrics on {}", config.metrics.listen);
     let _ = writeln!(out, "outbox: {}", super::outbox::check_line(config)?);
-    let _ = writeln!(out, "tracing: {}", tracing_line(config));
+    let _ = writeln!(out, "tracing: {}", tracing_line(config)?);
     let now = chrono::Utc::now();
     let _ = writeln!(
         out,
@@ -146,13 +146,15 @@ pub(super) async fn run(config: &Config) -> anyhow::Result<Exit> {
 }
 
 /// `[tracing]` as understood: off, or where spans go, as which service, sampled how, with which
-/// headers (names only: their values are secrets).
-fn tracing_line(config: &Config) -> String {
+/// headers (names only: their values are secrets). Fails (exit 64) on what `serve` would refuse
+/// when it starts the exporter: an unusable CA file.
+fn tracing_line(config: &Config) -> anyhow::Result<String> {
     let (t, origins) = (&config.tracing, &config.tracing_origins);
     if !t.enabled() {
-        return "off (set tracing.otlp_endpoint or OTEL_EXPORTER_OTLP_ENDPOINT to export OpenTelemetry traces)"
-            .to_owned();
+        return Ok("off (set tracing.otlp_endpoint or OTEL_EXPORTER_OTLP_ENDPOINT to export OpenTelemetry traces)"
+            .to_owned());
     }
+    crate::telemetry::check(t)?;
     let headers = if t.headers.is_empty() {
         "no headers".to_owned()
     } else {
@@ -165,14 +167,14 @@ fn tracing_line(config: &Config) -> String {
     let trust = t.ca_file.as_ref().map_or(String::new(), |ca| {
         format!(", trusting {} alone", ca.display())
     });
-    format!(
+    Ok(format!(
         "OTLP/HTTP to {}{} as service {:?}{}, sample ratio {} for new traces (an incoming traceparent's decision is kept), {headers}{trust}",
         t.endpoint_display(),
         origins.endpoint.describe(),
         t.service_name,
         origins.service_name.describe(),
         t.sample_ratio,
-    )
+    ))
 }
 
 /// The roles still holding a transitional grant, or why that was not checked.

@@ -146,6 +146,18 @@ pub fn start(
     Ok(Some(Tracing { provider, pipeline }))
 }
 
+/// What [`start`] would refuse in `config` (an unusable CA file, a header the HTTP client cannot
+/// send), found without starting anything: `check-config`'s check, so that it refuses what
+/// `serve` refuses.
+pub fn check(config: &TracingConfig) -> Result<(), TelemetryError> {
+    match config.traces_url() {
+        Some(url) => {
+            export::Exporter::new(config, url, &Resource::builder_empty().build()).map(drop)
+        }
+        None => Ok(()),
+    }
+}
+
 impl Tracing {
     /// Exports what is queued and stops, within `bound`: what cannot be sent by then is dropped
     /// (counted and logged). Spans ended afterwards are dropped too; the process is ending.

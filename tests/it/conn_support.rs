@@ -171,6 +171,7 @@ pub fn config(url: &str, env: &[(&str, &str)]) -> Config {
 }
 
 /// What a run of the real binary printed.
+#[derive(Debug)]
 pub struct Run {
     /// Exit status code.
     pub code: Option<i32>,

@@ -66,7 +66,9 @@ mod standby;
 mod status;
 mod throttle;
 mod tls;
+mod tls_support;
 mod traces;
+mod traces_config;
 mod traces_support;
 
 /// The shared harness (`tombstoned_testkit::harness`), plus the binary only this package's tests

@@ -29,7 +29,7 @@ fn tracing_section(collector: &Collector, ratio: &str) -> String {
 }
 
 /// `POST /v1/orders` with an optional `traceparent`.
-async fn post(daemon: &Daemon, key: &str, traceparent: Option<&str>) -> u16 {
+pub(crate) async fn post(daemon: &Daemon, key: &str, traceparent: Option<&str>) -> u16 {
     let mut request = daemon
         .http
         .post(format!("{}/v1/orders", daemon.api))

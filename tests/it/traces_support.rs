@@ -1,8 +1,9 @@
 //! A real OTLP/HTTP trace receiver on loopback for the tracing tests: our own axum server on
 //! `POST /v1/traces`, decoding each protobuf `ExportTraceServiceRequest` with the
 //! `opentelemetry-proto` crate (the daemon's exporter encodes with the same generated types), and
-//! keeping every span it accepted, flattened. It can also answer 500, answer late, or be down
-//! (its listener closed), for the tests of a collector that misbehaves.
+//! keeping every span it accepted, flattened, and the headers of every request. It can also
+//! answer 500, answer late, be down (its listener closed), serve HTTPS with the test PKI
+//! (`tls_support`), or want a header (401 without it, as a collector that needs credentials).
 
 #![allow(dead_code)] // each tracing test uses a different subset
 
@@ -11,12 +12,14 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use prost::Message as _;
 use tokio::task::JoinHandle;
+
+use crate::tls_support::{TestPki, TlsListener};
 
 /// How the receiver answers an export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,15 +67,21 @@ impl ExportedSpan {
 
 struct Shared {
     answer: Mutex<Answer>,
+    /// A header every export must carry (name in lowercase, value): answered 401 otherwise.
+    required: Mutex<Option<(String, String)>>,
     spans: Mutex<Vec<ExportedSpan>>,
-    requests: Mutex<u64>,
+    /// The headers of every export request received, in order.
+    requests: Mutex<Vec<HeaderMap>>,
 }
 
 /// A running receiver; dropped, or after [`Collector::down`], it is down.
 pub struct Collector {
-    /// The OTLP/HTTP base URL (`http://127.0.0.1:<port>`) for `tracing.otlp_endpoint`.
+    /// The OTLP/HTTP base URL (`http://127.0.0.1:<port>`, `https://` with TLS) for
+    /// `tracing.otlp_endpoint`.
     pub url: String,
     port: u16,
+    /// TLS, when it serves HTTPS (kept for [`Collector::up`]).
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shared: Arc<Shared>,
     server: Option<Server>,
 }
@@ -92,19 +101,33 @@ impl Drop for Collector {
 }
 
 impl Collector {
-    /// A receiver that accepts every export.
+    /// A receiver over plain HTTP that accepts every export.
     pub async fn start() -> Collector {
+        Collector::start_with(None).await
+    }
+
+    /// A receiver over HTTPS presenting `pki`'s server certificate (for 127.0.0.1, signed by
+    /// `pki.ca_cert`) that accepts every export. A client that does not trust it is dropped
+    /// during the handshake: no request of its reaches the receiver.
+    pub async fn start_tls(pki: &TestPki) -> Collector {
+        Collector::start_with(Some(pki.acceptor())).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> Collector {
         let shared = Arc::new(Shared {
             answer: Mutex::new(Answer::Accept),
+            required: Mutex::new(None),
             spans: Mutex::new(Vec::new()),
-            requests: Mutex::new(0),
+            requests: Mutex::new(Vec::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let server = Some(serve(listener, shared.clone()));
+        let server = Some(serve(listener, tls.clone(), shared.clone()));
+        let scheme = if tls.is_some() { "https" } else { "http" };
         Collector {
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("{scheme}://127.0.0.1:{port}"),
             port,
+            tls,
             shared,
             server,
         }
@@ -124,7 +147,7 @@ impl Collector {
         if self.server.is_none() {
             let address = format!("127.0.0.1:{}", self.port);
             let listener = tokio::net::TcpListener::bind(address).await.unwrap();
-            self.server = Some(serve(listener, self.shared.clone()));
+            self.server = Some(serve(listener, self.tls.clone(), self.shared.clone()));
         }
     }
 
@@ -133,9 +156,20 @@ impl Collector {
         *self.shared.answer.lock().unwrap() = answer;
     }
 
+    /// From now on, an export without the header `name: value` (`name` in lowercase) is
+    /// answered 401 and its spans are not kept.
+    pub fn require_header(&self, name: &str, value: &str) {
+        *self.shared.required.lock().unwrap() = Some((name.to_owned(), value.to_owned()));
+    }
+
     /// Export requests received so far (whatever they were answered).
     pub fn requests(&self) -> u64 {
-        *self.shared.requests.lock().unwrap()
+        self.shared.requests.lock().unwrap().len() as u64
+    }
+
+    /// The headers of every export request received so far, in order.
+    pub fn request_headers(&self) -> Vec<HeaderMap> {
+        self.shared.requests.lock().unwrap().clone()
     }
 
     /// Every span kept so far.
@@ -166,25 +200,49 @@ impl Collector {
     }
 }
 
-/// Serves `POST /v1/traces` on `listener` until told to stop (gracefully: idle keep-alive
-/// connections are closed too).
-fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> Server {
+/// Serves `POST /v1/traces` on `listener`, over TLS when `tls` is given, until told to stop
+/// (gracefully: idle keep-alive connections are closed too).
+fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
+) -> Server {
     let router = axum::Router::new()
         .route("/v1/traces", axum::routing::post(export))
         .with_state(shared);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await;
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        let _ = match tls {
+            None => {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+            Some(acceptor) => {
+                axum::serve(TlsListener::new(listener, acceptor), router)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+        };
     });
     Server { task, stop }
 }
 
-async fn export(State(s): State<Arc<Shared>>, body: Bytes) -> (StatusCode, Vec<u8>) {
-    *s.requests.lock().unwrap() += 1;
+async fn export(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, Vec<u8>) {
+    s.requests.lock().unwrap().push(headers.clone());
+    let required = s.required.lock().unwrap().clone();
+    if let Some((name, value)) = required {
+        if headers.get(&name).and_then(|v| v.to_str().ok()) != Some(value.as_str()) {
+            return (StatusCode::UNAUTHORIZED, Vec::new());
+        }
+    }
     let answer = *s.answer.lock().unwrap();
     match answer {
         Answer::Status(status) => {
