@@ -69,15 +69,21 @@ pub fn qualify(template: &'static str, schema: &str) -> &'static str {
     if !template.contains(SCHEMA_MARKER) {
         return template;
     }
-    type Rendered = HashMap<(usize, String), &'static str>;
+    // By template, then by schema: a lookup (every statement a request sends) allocates nothing.
+    type Rendered = HashMap<usize, Vec<(String, &'static str)>>;
     static RENDERED: Mutex<Option<Rendered>> = Mutex::new(None);
-    let key = (template.as_ptr() as usize, schema.to_owned());
     let mut rendered = RENDERED.lock().unwrap_or_else(PoisonError::into_inner);
-    let rendered = rendered.get_or_insert_with(HashMap::new);
-    rendered.entry(key).or_insert_with(|| {
-        let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
-        Box::leak(template.replace(SCHEMA_MARKER, &quoted).into_boxed_str())
-    })
+    let by_schema = rendered
+        .get_or_insert_with(HashMap::new)
+        .entry(template.as_ptr() as usize)
+        .or_default();
+    if let Some((_, text)) = by_schema.iter().find(|(s, _)| s == schema) {
+        return text;
+    }
+    let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+    let text: &'static str = Box::leak(template.replace(SCHEMA_MARKER, &quoted).into_boxed_str());
+    by_schema.push((schema.to_owned(), text));
+    text
 }
 
 #[cfg(test)]

@@ -13,11 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use opentelemetry::Context;
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
-use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span as SdkSpan, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
@@ -62,7 +59,12 @@ impl Queue {
             return None;
         }
         if spans.len() <= MAX_BATCH {
-            return Some(std::mem::take(&mut *spans));
+            // The queue keeps a batch's room: grown again from nothing, a Vec of spans would be
+            // copied whole at every doubling, on the requests' threads.
+            return Some(std::mem::replace(
+                &mut *spans,
+                Vec::with_capacity(MAX_BATCH),
+            ));
         }
         Some(spans.drain(..MAX_BATCH).collect())
     }
@@ -169,7 +171,7 @@ pub(super) struct Exporter {
     http: reqwest::Client,
     url: Url,
     headers: reqwest::header::HeaderMap,
-    resource: ResourceAttributesWithSchema,
+    encoder: super::otlp::Encoder,
 }
 
 /// Why an export did not deliver its spans.
@@ -241,22 +243,21 @@ impl Exporter {
                 .map_err(|e| TelemetryError::Client(crate::db::error_text(&e)))?,
             url,
             headers,
-            resource: ResourceAttributesWithSchema::from(resource),
+            encoder: super::otlp::Encoder::new(&ResourceAttributesWithSchema::from(resource)),
         })
     }
 
     /// Sends `spans`; answers how many the collector accepted none of (all of them on a failure,
     /// the rejected ones of a partial success).
     async fn export(&self, spans: Vec<SpanData>) -> Result<u64, ExportFailure> {
-        let request = ExportTraceServiceRequest {
-            resource_spans: group_spans_by_resource_and_scope(spans, &self.resource),
-        };
+        let body = self.encoder.request(&spans);
+        drop(spans);
         let exchange = async {
             let mut response = self
                 .http
                 .post(self.url.clone())
                 .headers(self.headers.clone())
-                .body(request.encode_to_vec())
+                .body(body)
                 .send()
                 .await?;
             let status = response.status();

@@ -23,6 +23,7 @@
 //! a token or a password: each call site builds its attributes from what the logs already show.
 
 mod export;
+mod otlp;
 mod span;
 
 use std::sync::atomic::{AtomicU64, Ordering};
