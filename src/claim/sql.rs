@@ -424,6 +424,7 @@ pub const STATEMENTS: &[(&str, &str)] = &[
     ("set_lock_timeout_and_trace", SET_LOCK_TIMEOUT_AND_TRACE),
     ("set_replay_settings", SET_REPLAY_SETTINGS),
     ("claim_and_create", CLAIM_AND_CREATE),
+    ("claim_and_create_traced", CLAIM_AND_CREATE_TRACED),
     ("claim_rejected", CLAIM_REJECTED),
     ("call_claim_and_create", CALL_CLAIM_AND_CREATE),
     ("call_claim_rejected", CALL_CLAIM_REJECTED),
@@ -485,6 +486,14 @@ mod tests {
         let plus_one = |text: &str| highest(text).map(|n| n + 1);
         assert_eq!(highest(CALL_CLAIM_AND_CREATE), plus_one(CLAIM_AND_CREATE));
         assert_eq!(highest(CALL_CLAIM_REJECTED), plus_one(CLAIM_REJECTED));
+    }
+
+    #[test]
+    fn the_traced_claim_is_the_claim_storing_17_as_its_events_traceparent() {
+        let untraced = CLAIM_AND_CREATE_TRACED
+            .replacen("payload, traceparent)", "payload)", 1)
+            .replacen(",\n           $17::text\n", "\n", 1);
+        assert_eq!(untraced, CLAIM_AND_CREATE);
     }
 
     #[test]
