@@ -289,6 +289,23 @@ impl Daemon {
     pub async fn metric(&self, series: &str) -> Option<f64> {
         sample(&self.ops_get("/metrics").await.text, series)
     }
+
+    /// Polls `/metrics` until `series` has a value `ok` accepts; returns that value.
+    pub async fn wait_for_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let value = self.metric(series).await;
+            if let Some(accepted) = value.filter(|v| ok(*v)) {
+                return accepted;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{series} is {value:?} after {PATIENCE:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// The configuration file: `sections`, then the listeners and the tokens file (appended to the

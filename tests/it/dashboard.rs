@@ -290,22 +290,6 @@ async fn wait_until(prometheus: &PrometheusServer, promql: &str, ok: impl Fn(f64
     }
 }
 
-/// Polls `/metrics` of the daemon until `series` has `value`.
-async fn wait_for_metric(daemon: &Daemon, series: &str, ok: impl Fn(f64) -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let value = daemon.metric(series).await;
-        if value.is_some_and(&ok) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{series} is {value:?} after {PATIENCE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn every_dashboard_panel_shows_data_from_a_real_prometheus_scraping_a_real_daemon() {
     let binary = prometheus_tool("prometheus"); // first: a missing tool fails here, with advice
@@ -342,10 +326,9 @@ async fn every_dashboard_panel_shows_data_from_a_real_prometheus_scraping_a_real
         .wait_for_value("up{job=\"tombstoned\"}", "1")
         .await;
 
-    wait_for_metric(&daemon, "tombstoned_cleanup_lock_timeouts_total", |v| {
-        v >= 1.0
-    })
-    .await;
+    daemon
+        .wait_for_metric("tombstoned_cleanup_lock_timeouts_total", |v| v >= 1.0)
+        .await;
     row_holder.batch_execute("ROLLBACK").await.unwrap();
 
     // Claims of every outcome but in_progress and expired.
@@ -413,7 +396,9 @@ async fn every_dashboard_panel_shows_data_from_a_real_prometheus_scraping_a_real
     let observer = db.client().await;
     let holder_pid = crate::api_support::backend_pid(&claim_holder).await;
     crate::api_support::wait_until_api_blocked_by(&observer, holder_pid, PATIENCE).await;
-    wait_for_metric(&daemon, "tombstoned_http_requests_in_flight", |v| v == 1.0).await;
+    daemon
+        .wait_for_metric("tombstoned_http_requests_in_flight", |v| v == 1.0)
+        .await;
     let read = {
         let http = daemon.http.clone();
         let url = format!("{}/v1/orders/{order_id}", daemon.api);
@@ -422,7 +407,9 @@ async fn every_dashboard_panel_shows_data_from_a_real_prometheus_scraping_a_real
             TestApi::reply(response).await
         })
     };
-    wait_for_metric(&daemon, "tombstoned_db_pool_waiting", |v| v == 1.0).await;
+    daemon
+        .wait_for_metric("tombstoned_db_pool_waiting", |v| v == 1.0)
+        .await;
     // Prometheus sees both while they last (the claim waits 12 s).
     wait_until(
         &prometheus,

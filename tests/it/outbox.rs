@@ -71,21 +71,6 @@ async fn table_checksum(client: &tokio_postgres::Client) -> String {
         .get(0)
 }
 
-async fn wait_metric(daemon: &Daemon, series: &str, value: f64) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let seen = daemon.metric(series).await;
-        if seen == Some(value) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{series} is {seen:?}, never {value}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Issue 16, test 1: 500 orders through the real API; the relay inside `serve` delivers each
 /// event once to a receiver that verifies every signature and deduplicates in its transaction.
 #[tokio::test]
@@ -164,13 +149,14 @@ async fn five_hundred_orders_reach_the_sink_once_each_with_valid_signatures() {
             .await,
         Some(500.0)
     );
-    wait_metric(&daemon, "tombstoned_outbox_backlog_events", 0.0).await;
-    wait_metric(
-        &daemon,
-        "tombstoned_outbox_oldest_undelivered_age_seconds",
-        0.0,
-    )
-    .await;
+    daemon
+        .wait_for_metric("tombstoned_outbox_backlog_events", |v| v == 0.0)
+        .await;
+    daemon
+        .wait_for_metric("tombstoned_outbox_oldest_undelivered_age_seconds", |v| {
+            v == 0.0
+        })
+        .await;
     let histogram = daemon
         .metric("tombstoned_outbox_delivery_duration_seconds_count")
         .await;
@@ -289,7 +275,9 @@ async fn failures_retry_with_growing_delays_and_permanent_refusals_dead_letter_u
     let dead = wait_record(&client, refused, |r| r.dead).await;
     assert_eq!((dead.attempts, dead.last_status), (3, Some(400)));
     assert_eq!(dead.locked_by, None);
-    wait_metric(&daemon, "tombstoned_outbox_dead_letters", 1.0).await;
+    daemon
+        .wait_for_metric("tombstoned_outbox_dead_letters", |v| v == 1.0)
+        .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         receiver.arrivals_of(refused).len(),

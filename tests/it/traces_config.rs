@@ -102,22 +102,6 @@ async fn reloads(daemon: &Daemon, n: usize) -> Vec<Value> {
     }
 }
 
-async fn wait_drops(daemon: &Daemon, at_least: f64) -> f64 {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let dropped = daemon.metric(DROPPED).await.unwrap_or(0.0);
-        if dropped >= at_least {
-            return dropped;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{DROPPED} stayed at {dropped}:\n{}",
-            daemon.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// README, SIGHUP and the `[tracing]` rows: `sample_ratio` is applied by a reload, every other
 /// tracing key waits for a restart (named in the reload's lines), and an invalid value is refused
 /// keeping the running configuration.
@@ -287,7 +271,7 @@ async fn an_https_collector_is_trusted_through_its_ca_file_alone() {
         );
     }
     // Three request spans at least, each with its claim's and statements' spans.
-    wait_drops(&refused, 3.0).await;
+    refused.wait_for_metric(DROPPED, |v| v >= 3.0).await;
     let line = refused
         .wait_for_log(&["trace spans dropped (tombstoned_trace_spans_dropped_total)"])
         .await;
@@ -364,7 +348,7 @@ async fn export_headers_reach_the_collector_and_their_values_are_never_shown() {
     for i in 0..3 {
         assert_eq!(post(&bad, &format!("headers-bad-{i}"), None).await, 201);
     }
-    wait_drops(&bad, 3.0).await;
+    bad.wait_for_metric(DROPPED, |v| v >= 3.0).await;
     bad.wait_for_log(&["trace spans dropped", "the collector answered HTTP 401"])
         .await;
     assert!(collector
