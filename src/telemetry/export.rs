@@ -251,7 +251,7 @@ impl Exporter {
     /// the rejected ones of a partial success).
     async fn export(&self, spans: Vec<SpanData>) -> Result<u64, ExportFailure> {
         let body = self.encoder.request(&spans);
-        drop(spans);
+        drop(spans); // encoded: not held while the export waits on the network
         let exchange = async {
             let mut response = self
                 .http

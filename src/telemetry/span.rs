@@ -134,14 +134,14 @@ impl Span {
             builder = builder.with_links(vec![Link::with_context(origin)]);
         }
         // Under a sampled parent the span is recorded (sampling is parent-based): its attributes
-        // go in with it, not through the started span's lock afterwards.
-        let recorded_for_sure = parent.span().span_context().is_sampled();
-        let mut attributes = Some(attributes);
-        if recorded_for_sure {
-            if let Some(attributes) = attributes.take() {
-                builder = builder.with_attributes(attributes());
-            }
-        }
+        // go in with it, not through the started span's lock afterwards. Otherwise they are made
+        // only if the sampler records it.
+        let later = if parent.span().span_context().is_sampled() {
+            builder = builder.with_attributes(attributes());
+            None
+        } else {
+            Some(attributes)
+        };
         let span = builder.start_with_context(tracer, parent);
         // A span sampled out is no span at all: no context is carried, no child, attribute, log
         // id or stored traceparent is made for it, so a trace not recorded costs little more
@@ -150,7 +150,7 @@ impl Span {
             return Span::none();
         }
         let cx = parent.with_span(span);
-        if let Some(attributes) = attributes {
+        if let Some(attributes) = later {
             cx.span().set_attributes(attributes());
         }
         Span(Some(cx))
@@ -228,26 +228,24 @@ pub fn current_ids() -> Option<(String, String)> {
     })
 }
 
-/// `00-<trace id>-<span id>-<flags>`: W3C Trace Context, version 00. Written digit by digit
-/// (every traced claim makes one): `format!`'s integer formatting costs several times more.
+/// `00-<trace id>-<span id>-<flags>`: W3C Trace Context, version 00. Written into a buffer by
+/// `hex` (every traced claim makes one): `format!`'s integer formatting costs several times more.
 fn format(context: &SpanContext) -> String {
-    let mut text = [0u8; 55];
-    text[..3].copy_from_slice(b"00-");
-    lower_hex(&context.trace_id().to_bytes(), &mut text[3..35]);
-    text[35] = b'-';
-    lower_hex(&context.span_id().to_bytes(), &mut text[36..52]);
-    text[52] = b'-';
-    lower_hex(&[context.trace_flags().to_u8()], &mut text[53..55]);
-    // Hex digits and dashes: ASCII, so never the empty fallback.
-    std::str::from_utf8(&text).map_or_else(|_| String::new(), str::to_owned)
-}
-
-/// `bytes` as lowercase hex digits into `out` (twice as long).
-fn lower_hex(bytes: &[u8], out: &mut [u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (byte, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0xf)];
+    let mut text = *b"00-________________________________-________________-__";
+    // The slices are exactly twice the bytes long, so neither encoding can fail; and hex digits
+    // and dashes are ASCII, so neither can the text.
+    let written = hex::encode_to_slice(context.trace_id().to_bytes(), &mut text[3..35])
+        .and(hex::encode_to_slice(
+            context.span_id().to_bytes(),
+            &mut text[36..52],
+        ))
+        .and(hex::encode_to_slice(
+            [context.trace_flags().to_u8()],
+            &mut text[53..55],
+        ));
+    match (written, std::str::from_utf8(&text)) {
+        (Ok(()), Ok(text)) => text.to_owned(),
+        _ => String::new(),
     }
 }
 
