@@ -41,6 +41,25 @@ use tower::ServiceExt as _;
 
 use crate::metrics::Metrics;
 
+/// What a listener answers its requests with: a router, or a service in front of one (the API's
+/// [`crate::http`] dispatch). Cloned once per request, so cheap to clone.
+pub trait App: Clone + Send + Sync + 'static {
+    /// The response to `request`.
+    fn respond(
+        self,
+        request: axum::extract::Request,
+    ) -> impl Future<Output = axum::response::Response> + Send;
+}
+
+impl App for Router {
+    async fn respond(self, request: axum::extract::Request) -> axum::response::Response {
+        match self.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
+}
+
 /// A connection idle for less than this is never evicted: its last response may still be on its
 /// way out of the socket.
 const EVICTION_MIN_IDLE: Duration = Duration::from_millis(250);
@@ -110,9 +129,9 @@ impl CloseReason {
 
 /// Serves `app` on `listener` within `limits` until `shutdown` is cancelled, then drains (see
 /// the module documentation). Returns when every connection is closed or dropped.
-pub async fn serve(
+pub async fn serve<A: App>(
     listener: TcpListener,
-    app: Router,
+    app: A,
     limits: ConnectionLimits,
     name: ListenerName,
     metrics: Option<Arc<Metrics>>,
@@ -405,12 +424,12 @@ impl Drop for RequestGuard {
 }
 
 /// Serves one connection until it ends, times out, is evicted or the drain closes it.
-async fn serve_connection(
+async fn serve_connection<A: App>(
     shared: Arc<Shared>,
     connection: Arc<Connection>,
     permit: OwnedSemaphorePermit,
     stream: TcpStream,
-    app: Router,
+    app: A,
     builder: auto::Builder<TokioExecutor>,
     shutdown: CancellationToken,
 ) {
@@ -428,10 +447,7 @@ async fn serve_connection(
             let guard = connection.request_started();
             let app = app.clone();
             async move {
-                let response = match app.oneshot(request.map(Body::new)).await {
-                    Ok(response) => response,
-                    Err(never) => match never {},
-                };
+                let response = app.respond(request.map(Body::new)).await;
                 // The guard lives as long as the body: the request counts as in flight until
                 // hyper has taken the whole response (or dropped it).
                 Ok::<_, Infallible>(response.map(|body| {

@@ -218,30 +218,39 @@ impl Prepared {
             .unwrap_or_else(PoisonError::into_inner);
         // Two futures of one request may have prepared the same text side by side: keep the
         // first (the other is closed on the server when dropped).
-        if let Some(kept) = Self::matching(&statements, text, types) {
+        if let Some(kept) = Self::matching(&statements, text, |kept| kept == types) {
             return Ok(kept);
         }
         statements.push((text, types.to_vec(), statement.clone()));
         Ok(statement)
     }
 
-    fn find(&self, text: &'static str, types: &[Type]) -> Option<Statement> {
+    /// The statement kept for `text` whose parameter types `same_types` accepts, if any.
+    pub fn find_matching(
+        &self,
+        text: &'static str,
+        same_types: impl Fn(&[Type]) -> bool,
+    ) -> Option<Statement> {
         let statements = self
             .statements
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Self::matching(&statements, text, types)
+        Self::matching(&statements, text, same_types)
+    }
+
+    fn find(&self, text: &'static str, types: &[Type]) -> Option<Statement> {
+        self.find_matching(text, |kept| kept == types)
     }
 
     fn matching(
         statements: &[(&'static str, Vec<Type>, Statement)],
         text: &'static str,
-        types: &[Type],
+        same_types: impl Fn(&[Type]) -> bool,
     ) -> Option<Statement> {
         statements
             .iter()
             .find(|(kept, kept_types, _)| {
-                (std::ptr::eq(*kept, text) || *kept == text) && kept_types.as_slice() == types
+                (std::ptr::eq(*kept, text) || *kept == text) && same_types(kept_types)
             })
             .map(|(_, _, statement)| statement.clone())
     }

@@ -23,6 +23,7 @@
 
 use super::pooled::{PooledSession, Prepared, SessionSettings};
 use chrono::{DateTime, Utc};
+use futures::TryStreamExt as _;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
@@ -209,6 +210,26 @@ impl<'a> Conn<'a> {
         }
     }
 
+    /// [`Conn::ready`] for these parameters' types: on a session that keeps its statements, a
+    /// statement already prepared is found without collecting the types (every claim's case).
+    async fn ready_for(
+        &self,
+        template: &'static str,
+        params: &[&dyn Param],
+    ) -> Result<Ready, tokio_postgres::Error> {
+        if let Naming::Cached(prepared) = self.naming {
+            let text = self.text(template);
+            let same_types = |kept: &[Type]| {
+                kept.len() == params.len()
+                    && kept.iter().zip(params).all(|(t, p)| *t == p.param_type())
+            };
+            if let Some(statement) = prepared.find_matching(text, same_types) {
+                return Ok(Ready::named(text, statement));
+            }
+        }
+        self.ready(template, &types_of(params)).await
+    }
+
     /// `template` prepared to be run many times on this session (the caller keeps it): a named
     /// statement, or through a transaction pooler an unnamed one sent whole each time.
     pub async fn prepare(
@@ -246,7 +267,7 @@ impl<'a> Conn<'a> {
         template: &'static str,
         params: &[&dyn Param],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let ready = self.ready(template, &types_of(params)).await?;
+        let ready = self.ready_for(template, params).await?;
         ready.query(self.client, params).await
     }
 
@@ -256,7 +277,7 @@ impl<'a> Conn<'a> {
         template: &'static str,
         params: &[&dyn Param],
     ) -> Result<Row, tokio_postgres::Error> {
-        let ready = self.ready(template, &types_of(params)).await?;
+        let ready = self.ready_for(template, params).await?;
         ready.query_one(self.client, params).await
     }
 
@@ -266,7 +287,7 @@ impl<'a> Conn<'a> {
         template: &'static str,
         params: &[&dyn Param],
     ) -> Result<Option<Row>, tokio_postgres::Error> {
-        let ready = self.ready(template, &types_of(params)).await?;
+        let ready = self.ready_for(template, params).await?;
         ready.query_opt(self.client, params).await
     }
 
@@ -276,7 +297,7 @@ impl<'a> Conn<'a> {
         template: &'static str,
         params: &[&dyn Param],
     ) -> Result<u64, tokio_postgres::Error> {
-        let ready = self.ready(template, &types_of(params)).await?;
+        let ready = self.ready_for(template, params).await?;
         ready.execute(self.client, params).await
     }
 }
@@ -348,7 +369,14 @@ impl Ready {
         params: &[&dyn Param],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         match &self.form {
-            Form::Named(statement) => client.query(statement, &Self::values(params)).await,
+            // The values straight from `params`: the driver's `query` would want them collected.
+            Form::Named(statement) => {
+                client
+                    .query_raw(statement, params.iter().map(|p| p.as_sql()))
+                    .await?
+                    .try_collect()
+                    .await
+            }
             Form::Unnamed(types) => {
                 client
                     .query_typed(self.text, &Self::typed(types, params))
@@ -396,7 +424,11 @@ impl Ready {
         params: &[&dyn Param],
     ) -> Result<u64, tokio_postgres::Error> {
         match &self.form {
-            Form::Named(statement) => client.execute(statement, &Self::values(params)).await,
+            Form::Named(statement) => {
+                client
+                    .execute_raw(statement, params.iter().map(|p| p.as_sql()))
+                    .await
+            }
             Form::Unnamed(types) => {
                 client
                     .execute_typed(self.text, &Self::typed(types, params))

@@ -42,9 +42,17 @@ const RETRY_UNAVAILABLE_SECS: u64 = 2;
 /// an operator usually has to act, so retries come less often than for a blip.
 const RETRY_RESOURCES_SECS: u64 = 10;
 
-/// The claim outcome label, put in the response's extensions for the request log line.
+/// The claim outcome label, put in the response's extensions for the request log line when the
+/// request came through the router (the API's own dispatch takes it from [`Labelled`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OutcomeLabel(pub &'static str);
+
+/// A response and the claim outcome it reports (the request log line's and the span's
+/// `outcome`).
+pub(crate) struct Labelled {
+    pub(crate) response: Response,
+    pub(crate) outcome: &'static str,
+}
 
 // ---- authentication, permission, rate limit ----------------------------------------------------
 
@@ -135,10 +143,12 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
     check_key(value.as_bytes())
 }
 
-fn api_version(headers: &HeaderMap, live: &Live) -> Result<String, Problem> {
+/// The request's `Api-Version`, or the configured default: borrowed either way (it is only
+/// hashed into the fingerprint).
+fn api_version<'a>(headers: &HeaderMap, live: &'a Live) -> Result<&'a str, Problem> {
     let mut values = headers.get_all(API_VERSION).iter();
     let Some(value) = values.next() else {
-        return Ok(live.default_api_version.clone());
+        return Ok(&live.default_api_version);
     };
     let unsupported = || {
         Problem::new(
@@ -157,7 +167,7 @@ fn api_version(headers: &HeaderMap, live: &Live) -> Result<String, Problem> {
     SUPPORTED_API_VERSIONS
         .iter()
         .find(|v| **v == version)
-        .map(|v| (*v).to_owned())
+        .copied()
         .ok_or_else(unsupported)
 }
 
@@ -262,7 +272,7 @@ async fn prepare_claim(
             Problem::new(ProblemType::ValidationFailed, detail).with("errors", errors)
         }
     })?;
-    let fingerprint = Fingerprint::of(&order, &version).map_err(|e| {
+    let fingerprint = Fingerprint::of(&order, version).map_err(|e| {
         tracing::error!(error = %e, "fingerprint");
         Problem::new(
             ProblemType::InternalError,
@@ -500,22 +510,35 @@ fn lookup_error_response(state: &ApiState, error: &LookupError) -> Response {
     }
 }
 
-fn with_label(mut response: Response, label: &'static str) -> Response {
-    response.extensions_mut().insert(OutcomeLabel(label));
-    response
+fn with_label(response: Response, outcome: &'static str) -> Labelled {
+    Labelled { response, outcome }
 }
 
 // ---- handlers ----------------------------------------------------------------------------------
 
+/// `POST /v1/orders` as a route of the router (the API's dispatch calls [`create_order`]
+/// directly): the outcome label goes in the response's extensions for the middleware.
+pub(crate) async fn create_order_route(
+    State(state): State<ApiState>,
+    request: Request,
+) -> Response {
+    let Labelled {
+        mut response,
+        outcome,
+    } = create_order(&state, request).await;
+    response.extensions_mut().insert(OutcomeLabel(outcome));
+    response
+}
+
 /// `POST /v1/orders`.
-pub(crate) async fn create_order(State(state): State<ApiState>, request: Request) -> Response {
+pub(crate) async fn create_order(state: &ApiState, request: Request) -> Labelled {
     // The request whole, not its headers extracted: axum's `HeaderMap` extractor copies them.
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
     let live = state.live();
     let principal = match admit(&live, headers, Permission::CreateOrders) {
         Ok(p) => p,
-        Err(problem) => return problem.into_response(),
+        Err(problem) => return with_label(problem.into_response(), ""),
     };
     let request = match prepare_claim(&live, &principal, headers, body).await {
         Ok(r) => r,
@@ -556,7 +579,7 @@ pub(crate) async fn create_order(State(state): State<ApiState>, request: Request
             let label = outcome.metric_label();
             with_label(outcome_response(outcome), label)
         }
-        Err(error) => with_label(claim_error_response(&state, &error), "error"),
+        Err(error) => with_label(claim_error_response(state, &error), "error"),
     }
 }
 

@@ -12,12 +12,29 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// which is exactly the protocol's commit/rollback race (the waiter replays or becomes the owner).
 pub const MAX_IN_FLIGHT_PER_KEY: u32 = 2;
 
-/// The scope and key of a claim.
+/// The scope and key of a claim, as one allocation shared by the table and the admission: each
+/// part's length (4 bytes, little-endian) then its bytes, so no two scopes and keys have the same
+/// encoding whatever their text holds. Built once per request, where three `String`s and their
+/// copies for the table were six allocations.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ScopedKey {
-    tenant: String,
-    principal: String,
-    key: String,
+struct ScopedKey(Arc<[u8]>);
+
+impl ScopedKey {
+    fn new(tenant: &str, principal: &str, key: &str) -> Self {
+        // A part of 4 GiB cannot reach here (a key is at most 255 bytes, the tenant and principal
+        // come from the tokens file); saturating keeps this total anyway.
+        let len = |part: &str| u32::try_from(part.len()).unwrap_or(u32::MAX).to_le_bytes();
+        // An iterator of known exact length: `Arc<[u8]>` is allocated once, at its final size.
+        let encoded = len(tenant)
+            .into_iter()
+            .chain(tenant.bytes())
+            .chain(len(principal))
+            .chain(principal.bytes())
+            .chain(len(key))
+            .chain(key.bytes())
+            .collect();
+        ScopedKey(encoded)
+    }
 }
 
 type Counts = Arc<Mutex<HashMap<ScopedKey, u32>>>;
@@ -39,15 +56,12 @@ impl KeyGate {
     /// Admits a claim for `key` in the scope (`tenant`, `principal`), or `None` when
     /// [`MAX_IN_FLIGHT_PER_KEY`] are already in flight.
     pub(crate) fn enter(&self, tenant: &str, principal: &str, key: &str) -> Option<Admission> {
-        let key = ScopedKey {
-            tenant: tenant.to_owned(),
-            principal: principal.to_owned(),
-            key: key.to_owned(),
-        };
+        let key = ScopedKey::new(tenant, principal, key);
         let mut counts = self
             .in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        // The table's entry shares the admission's bytes (a reference count, not a copy).
         let count = counts.entry(key.clone()).or_insert(0);
         if *count >= MAX_IN_FLIGHT_PER_KEY {
             return None;
@@ -106,5 +120,15 @@ mod tests {
         assert!(gate.enter("acme", "alice", "k").is_none());
         drop((waiter, next, other_key, other_principal, other_tenant));
         assert_eq!(gate.keys(), 0, "no entry outlives its claims");
+    }
+
+    #[test]
+    fn scopes_and_keys_whose_texts_run_together_stay_apart() {
+        let gate = KeyGate::default();
+        let _a = gate.enter("ab", "c", "k").unwrap();
+        let _b = gate.enter("ab", "c", "k").unwrap();
+        for other in [("a", "bc", "k"), ("ab", "", "ck"), ("", "abc", "k")] {
+            assert!(gate.enter(other.0, other.1, other.2).is_some(), "{other:?}");
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! path never with a key in it).
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -13,7 +14,7 @@ use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::handlers::OutcomeLabel;
+use super::handlers::{Labelled, OutcomeLabel};
 use super::state::ApiState;
 use super::{RouteSpec, ROUTES, UNMATCHED_ROUTE};
 use crate::telemetry::{Attribute, Span};
@@ -112,15 +113,42 @@ fn server_span(request: &Request, spec: Option<&'static RouteSpec>, method: &'st
     })
 }
 
-/// The middleware.
+/// The middleware of the router's routes: [`tracked`], with the route the router matched and the
+/// outcome label the handler left in the response's extensions.
 pub(crate) async fn track(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let spec = route_spec(request.extensions().get::<MatchedPath>());
+    tracked(&state, spec, request, |request| async move {
+        let response = next.run(request).await;
+        let outcome = response
+            .extensions()
+            .get::<OutcomeLabel>()
+            .map_or("", |o| o.0);
+        Labelled { response, outcome }
+    })
+    .await
+}
+
+/// The bookkeeping of one request of `spec`'s route (`None`: no route matched) around `handle`,
+/// whether the router or the API's own dispatch ([`super::dispatch`]) found the route.
+pub(crate) async fn tracked<F, H>(
+    state: &ApiState,
+    spec: Option<&'static RouteSpec>,
+    request: Request,
+    handle: H,
+) -> Response
+where
+    H: FnOnce(Request) -> F,
+    F: Future<Output = Labelled>,
+{
     let _in_flight = InFlight::enter(&state.metrics().http_requests_in_flight);
     let started = Instant::now();
-    let spec = route_spec(request.extensions().get::<MatchedPath>());
     let route = spec.map_or(UNMATCHED_ROUTE, |r| r.path);
     let method = method_label(request.method());
     let span = server_span(&request, spec, method);
-    let mut response = span.in_scope(next.run(request)).await;
+    let Labelled {
+        mut response,
+        outcome,
+    } = span.in_scope(handle(request)).await;
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
 
@@ -137,10 +165,6 @@ pub(crate) async fn track(State(state): State<ApiState>, request: Request, next:
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
 
-    let outcome = response
-        .extensions()
-        .get::<OutcomeLabel>()
-        .map_or("", |o| o.0);
     tracing::debug!(
         route,
         method,

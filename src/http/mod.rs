@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+mod dispatch;
 mod handlers;
 mod key_gate;
 mod middleware;
@@ -106,7 +107,7 @@ pub const UNMATCHED_ROUTE: &str = "unmatched";
 /// (405), and the metrics/logging middleware around everything.
 pub fn router(state: ApiState) -> Router {
     Router::new()
-        .route("/v1/orders", post(handlers::create_order))
+        .route("/v1/orders", post(handlers::create_order_route))
         .route("/v1/orders/{order_id}", get(handlers::get_order))
         .route("/v1/idempotency-keys/{key}", get(handlers::get_key_status))
         .method_not_allowed_fallback(handlers::method_not_allowed)
@@ -155,7 +156,7 @@ pub async fn serve_with_limits(
             "API listener started"
         );
     }
-    let app = router(state.clone());
+    let app = dispatch::Api::new(state.clone());
     connections::serve(
         listener,
         app,
