@@ -4,9 +4,8 @@
 //!
 //! Why not the router for it too: axum boxes the handler's future, the middleware's and the
 //! route's, clones the boxed services, and fills the request's extensions (matched path, URL
-//! parameters) and the response's (the outcome label) — about twenty allocations per request,
-//! a quarter of what the whole request costs the daemon, for a route whose path has no
-//! parameter. The router keeps the route all the same: it answers 405 to other methods on the
+//! parameters) and the response's (the outcome label): about twenty allocations per request, a
+//! quarter of all a replay made, for a route whose path has no parameter. The router keeps the route all the same: it answers 405 to other methods on the
 //! path, and what is served through it answers exactly as here.
 
 use axum::extract::Request;
