@@ -9,9 +9,10 @@
 //! path, and what is served through it answers exactly as here.
 
 use axum::extract::Request;
-use axum::http::Method;
+use axum::http::{header, Method};
 use axum::response::Response;
 use axum::Router;
+use hyper::body::Body as HttpBody;
 
 use super::state::ApiState;
 use super::{handlers, middleware, router, RouteSpec, ROUTES};
@@ -41,10 +42,18 @@ impl App for Api {
         // The path as the router matches it: exact, undecoded, without the query.
         if request.method() == Method::POST && request.uri().path() == CREATE_ORDER.path {
             let state = &self.state;
-            middleware::tracked(state, Some(CREATE_ORDER), request, |request| {
+            let mut response = middleware::tracked(state, Some(CREATE_ORDER), request, |request| {
                 handlers::create_order(state, request)
             })
-            .await
+            .await;
+            // What the router does for every route: the listener wraps the body afterwards,
+            // which hides its size from hyper, and the answer would go out chunked.
+            if let Some(len) = HttpBody::size_hint(response.body()).exact() {
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_LENGTH, len.into());
+            }
+            response
         } else {
             self.router.respond(request).await
         }

@@ -21,19 +21,28 @@ struct ScopedKey(Arc<[u8]>);
 
 impl ScopedKey {
     fn new(tenant: &str, principal: &str, key: &str) -> Self {
-        // A part of 4 GiB cannot reach here (a key is at most 255 bytes, the tenant and principal
-        // come from the tokens file); saturating keeps this total anyway.
-        let len = |part: &str| u32::try_from(part.len()).unwrap_or(u32::MAX).to_le_bytes();
-        // An iterator of known exact length: `Arc<[u8]>` is allocated once, at its final size.
-        let encoded = len(tenant)
-            .into_iter()
-            .chain(tenant.bytes())
-            .chain(len(principal))
-            .chain(principal.bytes())
-            .chain(len(key))
-            .chain(key.bytes())
-            .collect();
-        ScopedKey(encoded)
+        let parts = [tenant, principal, key];
+        let len: usize = parts.iter().map(|p| 4 + p.len()).sum();
+        // Written into a buffer on the stack and copied once into the shared allocation (a
+        // `Vec` would be a second allocation); only an unusually long scope takes the `Vec`.
+        let mut stack = [0u8; 512];
+        let mut heap = Vec::new();
+        let bytes = if len <= stack.len() {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap[..]
+        };
+        let mut at = 0;
+        for part in parts {
+            // A part of 4 GiB cannot reach here (a key is at most 255 bytes, the tenant and
+            // principal come from the tokens file); saturating keeps this total anyway.
+            let part_len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+            bytes[at..at + 4].copy_from_slice(&part_len.to_le_bytes());
+            bytes[at + 4..at + 4 + part.len()].copy_from_slice(part.as_bytes());
+            at += 4 + part.len();
+        }
+        ScopedKey(Arc::from(&*bytes))
     }
 }
 
@@ -130,5 +139,10 @@ mod tests {
         for other in [("a", "bc", "k"), ("ab", "", "ck"), ("", "abc", "k")] {
             assert!(gate.enter(other.0, other.1, other.2).is_some(), "{other:?}");
         }
+        // A scope too long for the stack buffer is counted the same way.
+        let long = "p".repeat(600);
+        let _c = gate.enter("ab", &long, "k").unwrap();
+        let _d = gate.enter("ab", &long, "k").unwrap();
+        assert!(gate.enter("ab", &long, "k").is_none());
     }
 }
