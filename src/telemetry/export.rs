@@ -1,27 +1,24 @@
-//! The export of ended spans, which never makes the service wait: a bounded queue (the SDK's
-//! span processor is ours, [`QueueProcessor`]), one background task that sends it in batches to
-//! the collector over OTLP/HTTP with protobuf ([`Exporter`]), and the account of every span
-//! dropped on the way ([`Drops`]) — the queue full, or an export that failed or did not finish in
-//! time — counted in `tombstoned_trace_spans_dropped_total` and logged at most once a minute.
+//! The export of ended spans, which never makes the service wait: a bounded queue ([`Queue`]:
+//! a span that ends joins it), one background task that sends it in batches to the collector
+//! over OTLP/HTTP with protobuf ([`Exporter`]), and the account of every span dropped on the way
+//! ([`Drops`]) — the queue full, or an export that failed or did not finish in time — counted in
+//! `tombstoned_trace_spans_dropped_total` and logged at most once a minute.
 //!
-//! Why not the SDK's `BatchSpanProcessor`: it keeps its drop count to itself (one line at
-//! shutdown), and runs its exporter on a thread of its own where the relay's async reqwest cannot
-//! run. The sizes are the OpenTelemetry specification's defaults for a batch span processor.
+//! The sizes are the OpenTelemetry specification's defaults for a batch span processor; unlike
+//! the SDK's `BatchSpanProcessor`, every drop is counted where the daemon shows it, and the
+//! export runs on the runtime, with the relay's async reqwest.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use opentelemetry::Context;
+use opentelemetry::KeyValue;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
-use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{Span as SdkSpan, SpanData, SpanProcessor};
-use opentelemetry_sdk::Resource;
 use prost::Message as _;
 use reqwest::Url;
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::span::Ended;
 use super::TelemetryError;
 use crate::config::TracingConfig;
 
@@ -41,8 +38,9 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// The queue between the spans' ends and the export task.
 #[derive(Debug)]
-struct Queue {
-    spans: Mutex<Vec<SpanData>>,
+pub(super) struct Queue {
+    /// The ended spans' records, boxed as they ran: queueing one moves a pointer.
+    spans: Mutex<Vec<Ended>>,
     /// Wakes the task when a whole batch is waiting (not for every span: a wake-up per span
     /// would cost every request a thread hop).
     full_batch: Notify,
@@ -53,7 +51,7 @@ struct Queue {
 
 impl Queue {
     /// Up to [`MAX_BATCH`] spans, oldest first; `None` when there are none.
-    fn take(&self) -> Option<Vec<SpanData>> {
+    fn take(&self) -> Option<Vec<Ended>> {
         let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
         if spans.is_empty() {
             return None;
@@ -75,18 +73,11 @@ impl Queue {
             .unwrap_or_else(PoisonError::into_inner)
             .len()
     }
-}
 
-/// The SDK's span processor: an ended span joins the queue, or is dropped when it is full.
-#[derive(Debug)]
-pub(super) struct QueueProcessor(Arc<Queue>);
-
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut SdkSpan, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
+    /// An ended span joins the queue, or is dropped (counted) when it is full.
+    pub(super) fn push(&self, span: Ended) {
         let queued = {
-            let mut spans = self.0.spans.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
             if spans.len() >= QUEUE_CAPACITY {
                 None
             } else {
@@ -94,21 +85,14 @@ impl SpanProcessor for QueueProcessor {
                 Some(spans.len())
             }
         };
+        // The record, if dropped, is freed here, outside the lock.
         match queued {
-            None => self.0.drops.add(1, || {
+            None => self.drops.add(1, || {
                 format!("the export queue is full ({QUEUE_CAPACITY} spans)")
             }),
-            Some(MAX_BATCH) => self.0.full_batch.notify_one(),
+            Some(MAX_BATCH) => self.full_batch.notify_one(),
             Some(_) => {}
         }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
     }
 }
 
@@ -203,7 +187,7 @@ impl Exporter {
     pub(super) fn new(
         config: &TracingConfig,
         url: Url,
-        resource: &Resource,
+        resource: &[KeyValue],
     ) -> Result<Self, TelemetryError> {
         let mut builder = reqwest::Client::builder()
             .timeout(EXPORT_TIMEOUT)
@@ -243,14 +227,14 @@ impl Exporter {
                 .map_err(|e| TelemetryError::Client(crate::db::error_text(&e)))?,
             url,
             headers,
-            encoder: super::otlp::Encoder::new(&ResourceAttributesWithSchema::from(resource)),
+            encoder: super::otlp::Encoder::new(resource, "tombstoned", env!("CARGO_PKG_VERSION")),
         })
     }
 
     /// Sends `spans`; answers how many the collector accepted none of (all of them on a failure,
     /// the rejected ones of a partial success).
-    async fn export(&self, spans: Vec<SpanData>) -> Result<u64, ExportFailure> {
-        let body = self.encoder.request(&spans);
+    async fn export(&self, mut spans: Vec<Ended>) -> Result<u64, ExportFailure> {
+        let body = self.encoder.request(&mut spans);
         drop(spans); // encoded: not held while the export waits on the network
         let exchange = async {
             let mut response = self
@@ -296,11 +280,11 @@ pub(super) struct Pipeline {
 }
 
 impl Pipeline {
-    /// The processor to give the SDK, and the export task, spawned on the current runtime.
+    /// The queue ended spans go to, and the export task, spawned on the current runtime.
     pub(super) fn start(
         exporter: Exporter,
         counter: Option<prometheus::IntCounter>,
-    ) -> (QueueProcessor, Pipeline) {
+    ) -> (Arc<Queue>, Pipeline) {
         let queue = Arc::new(Queue {
             spans: Mutex::new(Vec::with_capacity(MAX_BATCH)),
             full_batch: Notify::new(),
@@ -313,7 +297,7 @@ impl Pipeline {
         });
         let (flush, requests) = mpsc::channel(1);
         tokio::spawn(run(queue.clone(), exporter, requests));
-        (QueueProcessor(queue.clone()), Pipeline { queue, flush })
+        (queue.clone(), Pipeline { queue, flush })
     }
 
     /// Sends what is queued, within `bound`; what is left then is dropped.
@@ -366,7 +350,7 @@ async fn run(
 }
 
 /// One export, bounded by `within`; its spans counted as dropped when it fails.
-async fn send(exporter: &Exporter, queue: &Queue, batch: Vec<SpanData>, within: Duration) {
+async fn send(exporter: &Exporter, queue: &Queue, batch: Vec<Ended>, within: Duration) {
     let n = batch.len() as u64;
     let drops = &queue.drops;
     queue.in_flight.store(n, Ordering::Relaxed);

@@ -1,112 +1,132 @@
 //! The OTLP/HTTP request body — an `ExportTraceServiceRequest` in protobuf — written straight
-//! from the SDK's ended spans into one buffer, field by field as `opentelemetry-proto`'s messages
-//! encode them.
+//! from our ended span records into one buffer, field by field as `opentelemetry-proto`'s
+//! messages encode them.
 //!
-//! Why not `opentelemetry-proto`'s conversion and `prost`'s encoding of its messages: the
-//! conversion copies every span into message structs first (a `String` per attribute key, made
-//! through `Display`, and per string value; a `Vec` per id; then every one of them dropped), and
-//! `prost` measures each nested message again at every level it is nested in. With tracing on,
-//! that was a third of what a traced replay added to the daemon's CPU (scenario 12). The test
-//! below encodes the same spans both ways and requires the same bytes, so the two cannot drift
-//! apart unnoticed when either crate changes.
+//! Why not `opentelemetry-proto`'s messages and `prost`'s encoding of them: filling the messages
+//! copies every span first (a `String` per attribute key and string value, a `Vec` per id; then
+//! every one of them dropped), and `prost` measures each nested message again at every level it
+//! is nested in. The process's resource and instrumentation scope, the same in every request,
+//! are encoded once. The test below encodes the same spans both ways and requires the same
+//! bytes, so the two cannot drift apart unnoticed when either crate changes.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
-use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
-use opentelemetry_proto::tonic::resource::v1::Resource as ResourceMessage;
-use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
-use opentelemetry_sdk::trace::SpanData;
-use prost::encoding::{encode_key, encode_varint, WireType};
-use prost::Message as _;
+use opentelemetry::{Array, KeyValue, Value};
+
+use super::context::SAMPLED;
+use super::span::{Ended, Kind, Record, Status};
 
 /// `SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`: whether the parent is remote is known.
 const HAS_IS_REMOTE: u32 = 0x100;
 /// `SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK`: the parent is remote.
 const IS_REMOTE: u32 = 0x200;
 
-/// What every request repeats: the process's resource, encoded once.
+/// Protobuf wire types.
+const VARINT: u32 = 0;
+const FIXED64: u32 = 1;
+const LENGTH_DELIMITED: u32 = 2;
+const FIXED32: u32 = 5;
+
+/// What every request repeats, encoded once: the process's resource and our instrumentation
+/// scope.
 #[derive(Debug)]
 pub(super) struct Encoder {
     /// The `Resource` message's bytes.
     resource: Vec<u8>,
-    /// The resource's schema URL (usually empty).
-    resource_schema_url: String,
+    /// The `InstrumentationScope` message's bytes.
+    scope: Vec<u8>,
 }
 
 impl Encoder {
-    pub(super) fn new(resource: &ResourceAttributesWithSchema) -> Self {
+    /// The encoder of a process whose resource has `resource` as attributes, its spans made by
+    /// the instrumentation scope `scope_name` `scope_version`.
+    pub(super) fn new(resource: &[KeyValue], scope_name: &str, scope_version: &str) -> Self {
+        let mut resource_bytes = Vec::new();
+        for attribute in resource {
+            nested(&mut resource_bytes, 1, |buf| key_value(buf, attribute));
+        }
+        let mut scope = Vec::new();
+        string(&mut scope, 1, scope_name);
+        string(&mut scope, 2, scope_version);
         Encoder {
-            resource: ResourceMessage {
-                attributes: resource.attributes.0.clone(),
-                dropped_attributes_count: 0,
-                entity_refs: Vec::new(),
-            }
-            .encode_to_vec(),
-            resource_schema_url: resource.schema_url.clone().unwrap_or_default(),
+            resource: resource_bytes,
+            scope,
         }
     }
 
-    /// The request body that exports `spans`: one resource, the spans grouped by their
-    /// instrumentation scope in the order each scope first appears.
-    pub(super) fn request(&self, spans: &[SpanData]) -> Vec<u8> {
-        let mut scopes: Vec<&InstrumentationScope> = Vec::new();
-        for span in spans {
-            if !scopes.contains(&&span.instrumentation_scope) {
-                scopes.push(&span.instrumentation_scope);
-            }
-        }
+    /// The request body that exports `spans`: one resource, one scope, the spans in order.
+    pub(super) fn request(&self, spans: &mut [Ended]) -> Vec<u8> {
         // Room for the spans as the daemon makes them (300-500 bytes each), so the buffer is
         // seldom grown (each growth copies it).
         let mut buf = Vec::with_capacity(512 * spans.len() + 256);
         // ExportTraceServiceRequest.resource_spans
-        nested(&mut buf, 1, |buf| {
+        nested_in(&mut buf, 1, 3, |buf| {
             // ResourceSpans.resource
-            encode_key(1, WireType::LengthDelimited, buf);
-            encode_varint(self.resource.len() as u64, buf);
-            buf.extend_from_slice(&self.resource);
-            for scope in &scopes {
-                // ResourceSpans.scope_spans
-                nested(buf, 2, |buf| {
-                    nested(buf, 1, |buf| instrumentation_scope(buf, scope));
-                    for span in spans.iter().filter(|s| s.instrumentation_scope == **scope) {
-                        nested(buf, 2, |buf| self::span(buf, span));
-                    }
-                    string(buf, 3, scope.schema_url().unwrap_or_default());
-                });
+            bytes(buf, 1, &self.resource);
+            if spans.is_empty() {
+                return;
             }
-            string(buf, 3, &self.resource_schema_url);
+            // ResourceSpans.scope_spans
+            nested_in(buf, 2, 3, |buf| {
+                bytes(buf, 1, &self.scope);
+                for record in spans.iter_mut() {
+                    nested_in(buf, 2, 2, |buf| span(buf, record));
+                }
+            });
         });
         buf
     }
 }
 
-/// A length-delimited field `field` whose contents `body` writes: written in place behind one
-/// byte kept for the length, which is enough below 128 bytes (an attribute, a status); a longer
-/// one (a span, the batch) has its contents moved once to make room for the rest of its length.
-fn nested(buf: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
-    encode_key(field, WireType::LengthDelimited, buf);
+/// A length-delimited field `field` whose contents `body` writes in place, behind `room` bytes
+/// kept for their length: the right guess (one byte for an attribute, two for a span, three
+/// for a batch) costs nothing more; a wrong one moves the contents once.
+fn nested_in(buf: &mut Vec<u8>, field: u32, room: usize, body: impl FnOnce(&mut Vec<u8>)) {
+    key(buf, field, LENGTH_DELIMITED);
     let at = buf.len();
-    buf.push(0);
+    buf.extend_from_slice(&[0u8; 10][..room]);
     body(buf);
-    let len = buf.len() - at - 1;
-    match u8::try_from(len) {
-        Ok(short) if short < 0x80 => buf[at] = short,
-        _ => {
-            let mut length = [0u8; 10];
-            let mut rest = &mut length[..];
-            encode_varint(len as u64, &mut rest);
-            let used = 10 - rest.len();
-            buf.splice(at..=at, length[..used].iter().copied());
-        }
+    let mut length = [0u8; 10];
+    let used = varint_into(&mut length, (buf.len() - at - room) as u64);
+    if used == room {
+        buf[at..at + room].copy_from_slice(&length[..used]);
+    } else {
+        buf.splice(at..at + room, length[..used].iter().copied());
     }
+}
+
+/// [`nested_in`] with a byte for the length: what fits in one (below 128 bytes).
+fn nested(buf: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
+    nested_in(buf, field, 1, body);
+}
+
+/// `value` as a base-128 varint into `out`; answers how many bytes it took.
+fn varint_into(out: &mut [u8; 10], mut value: u64) -> usize {
+    let mut n = 0;
+    while value >= 0x80 {
+        out[n] = (value as u8) | 0x80;
+        value >>= 7;
+        n += 1;
+    }
+    out[n] = value as u8;
+    n + 1
+}
+
+fn varint_raw(buf: &mut Vec<u8>, value: u64) {
+    let mut bytes = [0u8; 10];
+    let used = varint_into(&mut bytes, value);
+    buf.extend_from_slice(&bytes[..used]);
+}
+
+fn key(buf: &mut Vec<u8>, field: u32, wire_type: u32) {
+    varint_raw(buf, u64::from(field << 3 | wire_type));
 }
 
 /// A `string` or `bytes` field, left out when empty (proto3's default).
 fn bytes(buf: &mut Vec<u8>, field: u32, value: &[u8]) {
     if !value.is_empty() {
-        encode_key(field, WireType::LengthDelimited, buf);
-        encode_varint(value.len() as u64, buf);
+        key(buf, field, LENGTH_DELIMITED);
+        varint_raw(buf, value.len() as u64);
         buf.extend_from_slice(value);
     }
 }
@@ -118,15 +138,15 @@ fn string(buf: &mut Vec<u8>, field: u32, value: &str) {
 /// A `uint32` or enum field, left out when zero.
 fn varint(buf: &mut Vec<u8>, field: u32, value: u64) {
     if value != 0 {
-        encode_key(field, WireType::Varint, buf);
-        encode_varint(value, buf);
+        key(buf, field, VARINT);
+        varint_raw(buf, value);
     }
 }
 
 /// A `fixed32` field, left out when zero.
 fn fixed32(buf: &mut Vec<u8>, field: u32, value: u32) {
     if value != 0 {
-        encode_key(field, WireType::ThirtyTwoBit, buf);
+        key(buf, field, FIXED32);
         buf.extend_from_slice(&value.to_le_bytes());
     }
 }
@@ -134,7 +154,7 @@ fn fixed32(buf: &mut Vec<u8>, field: u32, value: u32) {
 /// A `fixed64` field, left out when zero.
 fn fixed64(buf: &mut Vec<u8>, field: u32, value: u64) {
     if value != 0 {
-        encode_key(field, WireType::SixtyFourBit, buf);
+        key(buf, field, FIXED64);
         buf.extend_from_slice(&value.to_le_bytes());
     }
 }
@@ -144,82 +164,57 @@ fn nanos(time: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn flags(context: &SpanContext, parent_is_remote: bool) -> u32 {
-    let remote = if parent_is_remote { IS_REMOTE } else { 0 };
-    u32::from(context.trace_flags().to_u8()) | HAS_IS_REMOTE | remote
-}
-
-/// `InstrumentationScope`: name, version, attributes.
-fn instrumentation_scope(buf: &mut Vec<u8>, scope: &InstrumentationScope) {
-    string(buf, 1, scope.name());
-    string(buf, 2, scope.version().unwrap_or_default());
-    for attribute in scope.attributes() {
-        nested(buf, 3, |buf| key_value(buf, attribute));
-    }
+/// `SpanFlags`: the W3C flags (sampled: a recorded span, or a link to one), and whether the
+/// parent (or the linked span) is remote.
+fn flags(remote: bool) -> u32 {
+    u32::from(SAMPLED) | HAS_IS_REMOTE | if remote { IS_REMOTE } else { 0 }
 }
 
 /// `Span`, its fields in the order of their numbers, as `prost` writes them.
-fn span(buf: &mut Vec<u8>, span: &SpanData) {
-    let context = &span.span_context;
-    bytes(buf, 1, &context.trace_id().to_bytes());
-    bytes(buf, 2, &context.span_id().to_bytes());
-    string(buf, 3, &context.trace_state().header());
-    if span.parent_span_id != SpanId::INVALID {
-        bytes(buf, 4, &span.parent_span_id.to_bytes());
+fn span(buf: &mut Vec<u8>, record: &mut Record) {
+    let context = &record.context;
+    bytes(buf, 1, &context.trace_id.to_be_bytes());
+    bytes(buf, 2, &context.span_id.to_be_bytes());
+    string(buf, 3, context.state.as_deref().unwrap_or_default());
+    if let Some((parent, _)) = record.parent {
+        bytes(buf, 4, &parent.to_be_bytes());
     }
-    string(buf, 5, &span.name);
-    varint(buf, 6, span_kind(&span.span_kind));
-    fixed64(buf, 7, nanos(span.start_time));
-    fixed64(buf, 8, nanos(span.end_time));
-    for attribute in &span.attributes {
+    string(buf, 5, &record.name);
+    varint(buf, 6, span_kind(record.kind));
+    fixed64(buf, 7, nanos(record.start));
+    fixed64(buf, 8, nanos(record.end));
+    // The record is the export's alone now: no lock to take.
+    let data = record
+        .data
+        .get_mut()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for attribute in data.attributes.iter().chain(&data.more) {
         nested(buf, 9, |buf| key_value(buf, attribute));
     }
-    varint(buf, 10, u64::from(span.dropped_attributes_count));
-    for event in span.events.iter() {
-        nested(buf, 11, |buf| {
-            fixed64(buf, 1, nanos(event.timestamp));
-            string(buf, 2, &event.name);
-            for attribute in &event.attributes {
-                nested(buf, 3, |buf| key_value(buf, attribute));
-            }
-            varint(buf, 4, u64::from(event.dropped_attributes_count));
-        });
-    }
-    varint(buf, 12, u64::from(span.events.dropped_count));
-    for link in span.links.iter() {
+    if let Some((trace_id, span_id)) = record.link {
         nested(buf, 13, |buf| {
-            let linked = &link.span_context;
-            bytes(buf, 1, &linked.trace_id().to_bytes());
-            bytes(buf, 2, &linked.span_id().to_bytes());
-            string(buf, 3, &linked.trace_state().header());
-            for attribute in &link.attributes {
-                nested(buf, 4, |buf| key_value(buf, attribute));
-            }
-            varint(buf, 5, u64::from(link.dropped_attributes_count));
-            fixed32(buf, 6, flags(linked, linked.is_remote()));
+            bytes(buf, 1, &trace_id.to_be_bytes());
+            bytes(buf, 2, &span_id.to_be_bytes());
+            fixed32(buf, 6, flags(true));
         });
     }
-    varint(buf, 14, u64::from(span.links.dropped_count));
     // Always present, as the SDK's conversion makes it (an unset status is an empty message).
-    nested(buf, 15, |buf| match &span.status {
-        Status::Error { description } => {
+    nested(buf, 15, |buf| {
+        if let Status::Error(description) = &data.status {
             string(buf, 2, description);
             varint(buf, 3, 2);
         }
-        Status::Ok => varint(buf, 3, 1),
-        Status::Unset => {}
     });
     // Declared after the parent's id, numbered (and so encoded) last.
-    fixed32(buf, 16, flags(context, span.parent_span_is_remote));
+    let remote_parent = record.parent.is_some_and(|(_, remote)| remote);
+    fixed32(buf, 16, flags(remote_parent));
 }
 
-fn span_kind(kind: &SpanKind) -> u64 {
+fn span_kind(kind: Kind) -> u64 {
     match kind {
-        SpanKind::Internal => 1,
-        SpanKind::Server => 2,
-        SpanKind::Client => 3,
-        SpanKind::Producer => 4,
-        SpanKind::Consumer => 5,
+        Kind::Internal => 1,
+        Kind::Server => 2,
+        Kind::Client => 3,
     }
 }
 
@@ -232,56 +227,66 @@ fn key_value(buf: &mut Vec<u8>, attribute: &KeyValue) {
 /// `AnyValue`: a oneof, so its one field is written even when it holds its type's zero.
 fn any_value(buf: &mut Vec<u8>, value: &Value) {
     match value {
-        Value::Bool(b) => {
-            encode_key(2, WireType::Varint, buf);
-            encode_varint(u64::from(*b), buf);
-        }
-        Value::I64(i) => {
-            encode_key(3, WireType::Varint, buf);
-            // int64: two's complement, as prost encodes it.
-            encode_varint(u64::from_ne_bytes(i.to_ne_bytes()), buf);
-        }
-        Value::F64(f) => {
-            encode_key(4, WireType::SixtyFourBit, buf);
-            buf.extend_from_slice(&f.to_le_bytes());
-        }
-        Value::String(s) => oneof_string(buf, s.as_str()),
+        Value::Bool(b) => bool_value(buf, *b),
+        Value::I64(i) => int_value(buf, *i),
+        Value::F64(f) => double_value(buf, *f),
+        Value::String(s) => string_value(buf, s.as_str()),
         Value::Array(array) => nested(buf, 5, |buf| match array {
-            Array::Bool(values) => array_values(buf, values, |b| Value::Bool(*b)),
-            Array::I64(values) => array_values(buf, values, |i| Value::I64(*i)),
-            Array::F64(values) => array_values(buf, values, |f| Value::F64(*f)),
+            Array::Bool(values) => array_values(buf, values, |buf, b| bool_value(buf, *b)),
+            Array::I64(values) => array_values(buf, values, |buf, i| int_value(buf, *i)),
+            Array::F64(values) => array_values(buf, values, |buf, f| double_value(buf, *f)),
             Array::String(values) => {
-                array_values(buf, values, |s: &StringValue| Value::String(s.clone()));
+                array_values(buf, values, |buf, s| string_value(buf, s.as_str()));
             }
             // A kind of array this encoder does not know yet: its text.
-            other => nested(buf, 1, |buf| oneof_string(buf, &other.to_string())),
+            other => nested(buf, 1, |buf| string_value(buf, &other.to_string())),
         }),
         // A kind of value this encoder does not know yet: its text.
-        other => oneof_string(buf, other.as_str().as_ref()),
+        other => string_value(buf, other.as_str().as_ref()),
     }
 }
 
-fn oneof_string(buf: &mut Vec<u8>, value: &str) {
-    encode_key(1, WireType::LengthDelimited, buf);
-    encode_varint(value.len() as u64, buf);
+fn bool_value(buf: &mut Vec<u8>, value: bool) {
+    key(buf, 2, VARINT);
+    varint_raw(buf, u64::from(value));
+}
+
+fn int_value(buf: &mut Vec<u8>, value: i64) {
+    key(buf, 3, VARINT);
+    // int64: two's complement, as prost encodes it.
+    varint_raw(buf, u64::from_ne_bytes(value.to_ne_bytes()));
+}
+
+fn double_value(buf: &mut Vec<u8>, value: f64) {
+    key(buf, 4, FIXED64);
+    buf.extend_from_slice(&value.to_le_bytes());
+}
+
+fn string_value(buf: &mut Vec<u8>, value: &str) {
+    key(buf, 1, LENGTH_DELIMITED);
+    varint_raw(buf, value.len() as u64);
     buf.extend_from_slice(value.as_bytes());
 }
 
 /// `ArrayValue.values`.
-fn array_values<T>(buf: &mut Vec<u8>, values: &[T], value: impl Fn(&T) -> Value) {
+fn array_values<T>(buf: &mut Vec<u8>, values: &[T], value: impl Fn(&mut Vec<u8>, &T)) {
     for v in values {
-        nested(buf, 1, |buf| any_value(buf, &value(v)));
+        nested(buf, 1, |buf| value(buf, v));
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::context::SpanContext;
+    use super::super::span::Data;
     use super::*;
-    use opentelemetry::trace::{Event, Link, TraceFlags, TraceId, TraceState};
+    use opentelemetry::StringValue;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-    use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
-    use opentelemetry_sdk::Resource;
+    use opentelemetry_proto::tonic::common::v1 as common;
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1 as trace;
+    use prost::Message as _;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     fn every_kind_of_value() -> Vec<KeyValue> {
@@ -302,108 +307,200 @@ mod tests {
                 "strings",
                 Value::Array(vec![StringValue::from("a"), StringValue::from("")].into()),
             ),
+            // Long enough that the attribute's length takes two bytes.
+            KeyValue::new("long", "x".repeat(300)),
         ]
     }
 
-    fn span_data(n: u64, scope: &InstrumentationScope) -> SpanData {
-        let state = TraceState::from_key_value([("vendor", "value")]).unwrap();
+    /// Spans of every shape: each kind, with and without a parent (local and remote), a link,
+    /// a trace state, attributes added later, each status; one so long its length takes three
+    /// bytes, one without attributes.
+    fn record(n: u64) -> Ended {
         let start = UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789 + n);
-        SpanData {
-            span_context: SpanContext::new(
-                TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736 + u128::from(n)),
-                SpanId::from(0x00f0_67aa_0ba9_02b7 + n),
-                TraceFlags::SAMPLED,
-                false,
-                if n % 2 == 0 {
-                    state.clone()
-                } else {
-                    TraceState::default()
-                },
-            ),
-            parent_span_id: if n % 3 == 0 {
-                SpanId::INVALID
-            } else {
-                SpanId::from(n)
+        let mut attributes = every_kind_of_value();
+        let mut more = vec![KeyValue::new("later", n as i64)];
+        match n % 4 {
+            0 => more.clear(),
+            1 => attributes.clear(),
+            2 => attributes.push(KeyValue::new("big", "y".repeat(20_000))),
+            _ => {}
+        }
+        Box::new(Record {
+            context: SpanContext {
+                trace_id: 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736 + u128::from(n),
+                span_id: 0x00f0_67aa_0ba9_02b7 + n,
+                state: (n % 2 == 0).then(|| Arc::from("vendor=value,other=x")),
             },
-            parent_span_is_remote: n % 2 == 1,
-            span_kind: [
-                SpanKind::Internal,
-                SpanKind::Server,
-                SpanKind::Client,
-                SpanKind::Producer,
-                SpanKind::Consumer,
-            ][(n % 5) as usize]
-                .clone(),
+            parent: match n % 3 {
+                0 => None,
+                1 => Some((n, false)),
+                _ => Some((n, true)),
+            },
+            link: (n % 5 == 1).then_some((9, 8)),
             name: format!("span {n}").into(),
-            start_time: start,
-            end_time: start + Duration::from_micros(57),
-            attributes: every_kind_of_value(),
-            dropped_attributes_count: (n % 2) as u32,
-            events: {
-                let mut events = SpanEvents::default();
-                events.events = vec![Event::new(
-                    "event",
-                    start + Duration::from_micros(3),
-                    vec![KeyValue::new("k", "v")],
-                    1,
-                )];
-                events.dropped_count = 2;
-                events
-            },
-            links: {
-                let mut links = SpanLinks::default();
-                links.links = vec![Link::new(
-                    SpanContext::new(
-                        TraceId::from(9),
-                        SpanId::from(8),
-                        TraceFlags::default(),
-                        true,
-                        state,
-                    ),
-                    vec![KeyValue::new("link", 1i64)],
-                    3,
-                )];
-                links.dropped_count = 1;
-                links
-            },
-            status: match n % 3 {
-                0 => Status::Unset,
-                1 => Status::Ok,
-                _ => Status::error("55P03"),
-            },
-            instrumentation_scope: scope.clone(),
+            kind: [Kind::Internal, Kind::Server, Kind::Client][(n % 3) as usize],
+            start,
+            end: start + Duration::from_micros(57),
+            data: Mutex::new(Data {
+                attributes,
+                more,
+                status: if n % 2 == 0 {
+                    Status::Unset
+                } else {
+                    Status::Error("55P03".to_owned())
+                },
+            }),
+        })
+    }
+
+    /// `opentelemetry-proto`'s own conversion of an attribute value.
+    fn proto_value(value: &Value) -> common::AnyValue {
+        use common::any_value::Value as V;
+        let array = |values: Vec<common::AnyValue>| V::ArrayValue(common::ArrayValue { values });
+        let value = match value {
+            Value::Bool(b) => V::BoolValue(*b),
+            Value::I64(i) => V::IntValue(*i),
+            Value::F64(f) => V::DoubleValue(*f),
+            Value::String(s) => V::StringValue(s.to_string()),
+            Value::Array(Array::Bool(v)) => {
+                array(v.iter().map(|b| proto_value(&Value::Bool(*b))).collect())
+            }
+            Value::Array(Array::I64(v)) => {
+                array(v.iter().map(|i| proto_value(&Value::I64(*i))).collect())
+            }
+            Value::Array(Array::F64(v)) => {
+                array(v.iter().map(|f| proto_value(&Value::F64(*f))).collect())
+            }
+            Value::Array(Array::String(v)) => array(
+                v.iter()
+                    .map(|s| proto_value(&Value::String(s.clone())))
+                    .collect(),
+            ),
+            other => panic!("not used: {other:?}"),
+        };
+        common::AnyValue { value: Some(value) }
+    }
+
+    fn proto_attributes<'a>(
+        attributes: impl Iterator<Item = &'a KeyValue>,
+    ) -> Vec<common::KeyValue> {
+        attributes
+            .map(|a| common::KeyValue {
+                key: a.key.to_string(),
+                value: Some(proto_value(&a.value)),
+                key_strindex: 0,
+            })
+            .collect()
+    }
+
+    /// The record as `opentelemetry-proto`'s `Span` message, field by field.
+    fn proto_span(record: &Record) -> trace::Span {
+        let data = record.data.lock().unwrap();
+        let flags = |remote: bool| 0x101 | if remote { 0x200 } else { 0 };
+        trace::Span {
+            trace_id: record.context.trace_id.to_be_bytes().to_vec(),
+            span_id: record.context.span_id.to_be_bytes().to_vec(),
+            trace_state: record.context.state.as_deref().unwrap_or("").to_owned(),
+            parent_span_id: record
+                .parent
+                .map(|(id, _)| id.to_be_bytes().to_vec())
+                .unwrap_or_default(),
+            flags: flags(record.parent.is_some_and(|(_, remote)| remote)),
+            name: record.name.to_string(),
+            kind: match record.kind {
+                Kind::Internal => trace::span::SpanKind::Internal,
+                Kind::Server => trace::span::SpanKind::Server,
+                Kind::Client => trace::span::SpanKind::Client,
+            } as i32,
+            start_time_unix_nano: nanos(record.start),
+            end_time_unix_nano: nanos(record.end),
+            attributes: proto_attributes(data.attributes.iter().chain(&data.more)),
+            dropped_attributes_count: 0,
+            events: Vec::new(),
+            dropped_events_count: 0,
+            links: record
+                .link
+                .map(|(trace_id, span_id)| trace::span::Link {
+                    trace_id: trace_id.to_be_bytes().to_vec(),
+                    span_id: span_id.to_be_bytes().to_vec(),
+                    trace_state: String::new(),
+                    attributes: Vec::new(),
+                    dropped_attributes_count: 0,
+                    flags: flags(true),
+                })
+                .into_iter()
+                .collect(),
+            dropped_links_count: 0,
+            status: Some(match &data.status {
+                Status::Unset => trace::Status::default(),
+                Status::Error(description) => trace::Status {
+                    message: description.clone(),
+                    code: trace::status::StatusCode::Error as i32,
+                },
+            }),
         }
     }
 
     #[test]
     fn spans_are_encoded_as_opentelemetry_proto_encodes_them() {
-        let resource = ResourceAttributesWithSchema::from(
-            &Resource::builder_empty()
-                .with_service_name("tombstoned")
-                .with_attributes([KeyValue::new("service.version", "1")])
-                .build(),
-        );
-        let ours = InstrumentationScope::builder("tombstoned")
-            .with_version("0.1.0")
-            .build();
-        let other = InstrumentationScope::builder("other")
-            .with_schema_url("https://opentelemetry.io/schemas/1.0.0")
-            .with_attributes([KeyValue::new("scope.attribute", true)])
-            .build();
-        let spans: Vec<SpanData> = (0..12)
-            .map(|n| span_data(n, if n % 4 == 3 { &other } else { &ours }))
-            .collect();
-        let expected = ExportTraceServiceRequest {
-            resource_spans: group_spans_by_resource_and_scope(spans.clone(), &resource),
+        let resource = [
+            KeyValue::new("service.name", "tombstoned"),
+            KeyValue::new("service.version", "1"),
+        ];
+        let encoder = Encoder::new(&resource, "tombstoned", "0.1.0");
+        let resource_message = Resource {
+            attributes: proto_attributes(resource.iter()),
+            dropped_attributes_count: 0,
+            entity_refs: Vec::new(),
         };
-        let encoded = Encoder::new(&resource).request(&spans);
+        let mut spans: Vec<Ended> = (0..12).map(record).collect();
+        let expected = ExportTraceServiceRequest {
+            resource_spans: vec![trace::ResourceSpans {
+                resource: Some(resource_message.clone()),
+                scope_spans: vec![trace::ScopeSpans {
+                    scope: Some(common::InstrumentationScope {
+                        name: "tombstoned".to_owned(),
+                        version: "0.1.0".to_owned(),
+                        attributes: Vec::new(),
+                        dropped_attributes_count: 0,
+                    }),
+                    spans: spans.iter().map(|s| proto_span(s)).collect(),
+                    schema_url: String::new(),
+                }],
+                schema_url: String::new(),
+            }],
+        };
+        let encoded = encoder.request(&mut spans);
         assert_eq!(
             ExportTraceServiceRequest::decode(encoded.as_slice()).unwrap(),
             expected
         );
         assert!(encoded == expected.encode_to_vec(), "not byte for byte");
-        // An empty batch is still a well-formed request.
-        let empty = Encoder::new(&resource).request(&[]);
-        assert!(ExportTraceServiceRequest::decode(empty.as_slice()).is_ok());
+
+        // One short span (its length one byte), and an empty batch: still well-formed.
+        let mut short = vec![record(1)];
+        short[0].name = "x".into();
+        short[0].data.get_mut().unwrap().more.clear();
+        short[0].link = None;
+        let one = ExportTraceServiceRequest {
+            resource_spans: vec![trace::ResourceSpans {
+                resource: Some(resource_message.clone()),
+                scope_spans: vec![trace::ScopeSpans {
+                    spans: vec![proto_span(&short[0])],
+                    ..expected.resource_spans[0].scope_spans[0].clone()
+                }],
+                schema_url: String::new(),
+            }],
+        };
+        assert!(one.resource_spans[0].scope_spans[0].spans[0].encoded_len() < 128);
+        assert!(encoder.request(&mut short) == one.encode_to_vec());
+        let none = ExportTraceServiceRequest {
+            resource_spans: vec![trace::ResourceSpans {
+                resource: Some(resource_message),
+                scope_spans: Vec::new(),
+                schema_url: String::new(),
+            }],
+        };
+        assert!(encoder.request(&mut []) == none.encode_to_vec());
     }
 }
