@@ -40,9 +40,22 @@ pub(super) struct Remote {
 /// The W3C trace flags of a recorded span: sampled.
 pub(super) const SAMPLED: u8 = 0x01;
 
+/// The current span's ids, kept apart from its trace state so that the thread-local entered
+/// and left around every poll is plain data, copied (no destructor, no reference count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Current {
+    trace_id: u128,
+    span_id: u64,
+    /// Whether [`CURRENT_STATE`] holds this span's trace state.
+    has_state: bool,
+}
+
 thread_local! {
     /// The span the running poll is inside, if any.
-    static CURRENT: Cell<Option<SpanContext>> = const { Cell::new(None) };
+    static CURRENT: Cell<Option<Current>> = const { Cell::new(None) };
+    /// The current span's trace state, when it has one (rare: only a caller's `tracestate`
+    /// makes one); touched only then, or when leaving such a span.
+    static CURRENT_STATE: Cell<Option<Arc<str>>> = const { Cell::new(None) };
     /// Ids come from a small fast generator per thread, seeded from the thread's
     /// cryptographically seeded one: they need to be unique, not secret, and three spans per
     /// request draw 40 bytes.
@@ -80,39 +93,46 @@ pub(super) fn new_span_id() -> u64 {
     }
 }
 
-/// What `f` answers from the current span's context, or `None` when there is none (or the
-/// thread's locals are gone). The context is taken out and put back: a `Cell` never panics.
-fn with_current<R>(f: impl FnOnce(&SpanContext) -> R) -> Option<R> {
-    CURRENT
-        .try_with(|cell| {
-            let current = cell.take();
-            let answer = current.as_ref().map(f);
-            cell.set(current);
-            answer
-        })
-        .ok()
-        .flatten()
+fn current_ids_only() -> Option<Current> {
+    CURRENT.try_with(Cell::get).ok().flatten()
 }
 
 /// The current span's context, for a child.
 pub(super) fn current() -> Option<SpanContext> {
-    with_current(SpanContext::clone)
+    let current = current_ids_only()?;
+    let state = if current.has_state {
+        CURRENT_STATE
+            .try_with(|cell| {
+                let state = cell.take();
+                cell.set(state.clone());
+                state
+            })
+            .ok()
+            .flatten()
+    } else {
+        None
+    };
+    Some(SpanContext {
+        trace_id: current.trace_id,
+        span_id: current.span_id,
+        state,
+    })
 }
 
 /// The current span as a `traceparent` (what the endpoint stores with an order's outbox event),
 /// when tracing is on and a span is current.
 pub fn current_traceparent() -> Option<String> {
     super::installed()?;
-    with_current(format)
+    current_ids_only().map(|current| format(current.trace_id, current.span_id))
 }
 
 /// The current span's trace and span ids, 32 and 16 lowercase hex digits, for a log line.
 pub fn current_ids() -> Option<(String, String)> {
     super::installed()?;
-    with_current(|context| {
+    current_ids_only().map(|current| {
         (
-            format!("{:032x}", context.trace_id),
-            format!("{:016x}", context.span_id),
+            format!("{:032x}", current.trace_id),
+            format!("{:016x}", current.span_id),
         )
     })
 }
@@ -140,41 +160,62 @@ impl<F: Future> Future for InScope<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let _entered = Entered::enter(this.context.clone());
+        let _entered = Entered::enter(this.context);
         this.future.poll(cx)
     }
 }
 
-/// The context that was current before a poll, put back when the poll ends, panicking or not
-/// (a worker thread must not keep a finished request's context for the next task).
-struct Entered(Option<SpanContext>);
+/// What was current before a poll, put back when the poll ends, panicking or not (a worker
+/// thread must not keep a finished request's context for the next task).
+struct Entered {
+    previous: Option<Current>,
+    /// The previous trace state, when entering touched it.
+    previous_state: Option<Option<Arc<str>>>,
+}
 
 impl Entered {
-    fn enter(context: SpanContext) -> Self {
-        Entered(
-            CURRENT
-                .try_with(|cell| cell.replace(Some(context)))
+    fn enter(context: &SpanContext) -> Self {
+        let has_state = context.state.is_some();
+        let current = Current {
+            trace_id: context.trace_id,
+            span_id: context.span_id,
+            has_state,
+        };
+        let previous = CURRENT
+            .try_with(|cell| cell.replace(Some(current)))
+            .ok()
+            .flatten();
+        // The state is set when this span has one, and cleared when the previous one had one.
+        let previous_state = (has_state || previous.is_some_and(|p| p.has_state)).then(|| {
+            CURRENT_STATE
+                .try_with(|cell| cell.replace(context.state.clone()))
                 .ok()
-                .flatten(),
-        )
+                .flatten()
+        });
+        Entered {
+            previous,
+            previous_state,
+        }
     }
 }
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        let previous = self.0.take();
-        let _ = CURRENT.try_with(|cell| cell.set(previous));
+        let _ = CURRENT.try_with(|cell| cell.set(self.previous));
+        if let Some(state) = self.previous_state.take() {
+            let _ = CURRENT_STATE.try_with(|cell| cell.set(state));
+        }
     }
 }
 
 /// `00-<trace id>-<span id>-01`: W3C Trace Context, version 00. Written into a buffer by `hex`
 /// (every traced claim makes one): `format!`'s integer formatting costs several times more.
-pub(super) fn format(context: &SpanContext) -> String {
+pub(super) fn format(trace_id: u128, span_id: u64) -> String {
     let mut text = *b"00-________________________________-________________-01";
     // The slices are exactly twice the bytes long, so neither encoding can fail; and hex digits
     // and dashes are ASCII, so neither can the text.
-    let written = hex::encode_to_slice(context.trace_id.to_be_bytes(), &mut text[3..35]).and(
-        hex::encode_to_slice(context.span_id.to_be_bytes(), &mut text[36..52]),
+    let written = hex::encode_to_slice(trace_id.to_be_bytes(), &mut text[3..35]).and(
+        hex::encode_to_slice(span_id.to_be_bytes(), &mut text[36..52]),
     );
     match (written, std::str::from_utf8(&text)) {
         (Ok(()), Ok(text)) => text.to_owned(),
@@ -234,12 +275,7 @@ mod tests {
         assert_eq!(context.trace_id, 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736);
         assert_eq!(context.span_id, 0x00f0_67aa_0ba9_02b7);
         assert_eq!(context.state.as_deref(), Some("vendor=value,other=x"));
-        let written = SpanContext {
-            trace_id: context.trace_id,
-            span_id: context.span_id,
-            state: None,
-        };
-        assert_eq!(format(&written), valid);
+        assert_eq!(format(context.trace_id, context.span_id), valid);
         let unsampled = remote(&valid.replace("-01", "-00"), Some("not a list")).unwrap();
         assert!(!unsampled.sampled);
         assert_eq!(unsampled.state, None);
@@ -272,18 +308,34 @@ mod tests {
 
     #[test]
     fn a_context_is_current_during_each_poll_and_not_after() {
-        let context = SpanContext {
+        let context = |span_id, state: Option<&str>| SpanContext {
             trace_id: 7,
-            span_id: 9,
-            state: None,
+            span_id,
+            state: state.map(Arc::from),
         };
-        let inner = std::future::poll_fn(|_| Poll::Ready(current()));
-        let mut future = std::pin::pin!(InScope::new(context.clone(), inner));
         let waker = futures::task::noop_waker();
-        let polled = future
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(&waker));
-        assert_eq!(polled, Poll::Ready(Some(context)));
+        let poll = |future: Pin<&mut dyn Future<Output = Vec<Option<SpanContext>>>>| {
+            future.poll(&mut std::task::Context::from_waker(&waker))
+        };
+        // Nested: with a state, then without one (a root inside), then with one again.
+        let seen = async {
+            let mut seen = vec![current()];
+            seen.push(InScope::new(context(2, None), async { current() }).await);
+            seen.push(InScope::new(context(3, Some("c=3")), async { current() }).await);
+            seen.push(current());
+            seen
+        };
+        let outer = std::pin::pin!(InScope::new(context(1, Some("a=1")), seen));
+        assert_eq!(
+            poll(outer),
+            Poll::Ready(vec![
+                Some(context(1, Some("a=1"))),
+                Some(context(2, None)),
+                Some(context(3, Some("c=3"))),
+                Some(context(1, Some("a=1"))),
+            ])
+        );
         assert_eq!(current(), None);
+        assert_eq!(CURRENT_STATE.take(), None);
     }
 }

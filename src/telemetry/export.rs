@@ -8,7 +8,9 @@
 //! the SDK's `BatchSpanProcessor`, every drop is counted where the daemon shows it, and the
 //! export runs on the runtime, with the relay's async reqwest.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -18,7 +20,7 @@ use prost::Message as _;
 use reqwest::Url;
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::span::Ended;
+use super::span::Record;
 use super::TelemetryError;
 use crate::config::TracingConfig;
 
@@ -36,11 +38,24 @@ const DROP_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// How much of a collector's answer is read: the partial success message is small.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
-/// The queue between the spans' ends and the export task.
+/// The queue between the spans' ends and the export task: the ended spans already encoded,
+/// in batches of at most [`MAX_BATCH`].
+///
+/// A span is encoded where it ends, on the request's thread, and its record freed there: so the
+/// thread that allocated a span's record, attributes and texts frees them too, which the
+/// allocator does cheaply (handed to the export task they were freed on another thread, in
+/// bulk, and every request then allocated from an emptied cache). The export task only adds a
+/// header to a batch's bytes.
 #[derive(Debug)]
 pub(super) struct Queue {
-    /// The ended spans' records, boxed as they ran: queueing one moves a pointer.
-    spans: Mutex<Vec<Ended>>,
+    batches: Mutex<Batches>,
+    /// How many spans are queued (what `batches` counts, readable without the lock): a span
+    /// that would be dropped is not encoded first.
+    queued: AtomicUsize,
+    /// The bytes each batch keeps free for the request's header ([`Encoder::header_room`]).
+    ///
+    /// [`Encoder::header_room`]: super::otlp::Encoder::header_room
+    header_room: usize,
     /// Wakes the task when a whole batch is waiting (not for every span: a wake-up per span
     /// would cost every request a thread hop).
     full_batch: Notify,
@@ -49,50 +64,83 @@ pub(super) struct Queue {
     drops: Arc<Drops>,
 }
 
+#[derive(Debug, Default)]
+struct Batches {
+    spans: usize,
+    /// Oldest first; only the last one is still filling.
+    list: VecDeque<Batch>,
+}
+
+/// Encoded spans for one export request.
+#[derive(Debug)]
+struct Batch {
+    spans: usize,
+    /// The header's room, then each span's `ScopeSpans.spans` field.
+    bytes: Vec<u8>,
+}
+
+thread_local! {
+    /// Where a span is encoded before it joins its batch (outside the lock); kept, so that it
+    /// is not allocated again for every span.
+    static SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
 impl Queue {
-    /// Up to [`MAX_BATCH`] spans, oldest first; `None` when there are none.
-    fn take(&self) -> Option<Vec<Ended>> {
-        let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
-        if spans.is_empty() {
-            return None;
-        }
-        if spans.len() <= MAX_BATCH {
-            // The queue keeps a batch's room: grown again from nothing, a Vec of spans would be
-            // copied whole at every doubling, on the requests' threads.
-            return Some(std::mem::replace(
-                &mut *spans,
-                Vec::with_capacity(MAX_BATCH),
-            ));
-        }
-        Some(spans.drain(..MAX_BATCH).collect())
+    /// The oldest batch; `None` when nothing is queued.
+    fn take(&self) -> Option<Batch> {
+        let mut batches = self.batches.lock().unwrap_or_else(PoisonError::into_inner);
+        let batch = batches.list.pop_front()?;
+        batches.spans -= batch.spans;
+        self.queued.store(batches.spans, Ordering::Relaxed);
+        Some(batch)
     }
 
     fn len(&self) -> usize {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.queued.load(Ordering::Relaxed)
     }
 
-    /// An ended span joins the queue, or is dropped (counted) when it is full.
-    pub(super) fn push(&self, span: Ended) {
+    /// An ended span joins the queue, encoded; or is dropped (counted) when the queue is full.
+    pub(super) fn push(&self, record: &mut Record) {
+        if self.len() >= QUEUE_CAPACITY {
+            return self.full();
+        }
+        let mut message = SCRATCH.try_with(Cell::take).unwrap_or_default();
+        message.clear();
+        super::otlp::span(&mut message, record);
         let queued = {
-            let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
-            if spans.len() >= QUEUE_CAPACITY {
+            let mut batches = self.batches.lock().unwrap_or_else(PoisonError::into_inner);
+            let batches = &mut *batches;
+            if batches.spans >= QUEUE_CAPACITY {
                 None
             } else {
-                spans.push(span);
-                Some(spans.len())
+                if !matches!(batches.list.back(), Some(last) if last.spans < MAX_BATCH) {
+                    // Room for the header, and for the spans of a busy second (each growth
+                    // copies the batch).
+                    let mut bytes = Vec::with_capacity(self.header_room + 64 * 1024);
+                    bytes.resize(self.header_room, 0);
+                    batches.list.push_back(Batch { spans: 0, bytes });
+                }
+                batches.list.back_mut().map(|batch| {
+                    super::otlp::append_span(&mut batch.bytes, &message);
+                    batch.spans += 1;
+                    batches.spans += 1;
+                    self.queued.store(batches.spans, Ordering::Relaxed);
+                    batch.spans
+                })
             }
         };
-        // The record, if dropped, is freed here, outside the lock.
+        let _ = SCRATCH.try_with(|scratch| scratch.set(message));
         match queued {
-            None => self.drops.add(1, || {
-                format!("the export queue is full ({QUEUE_CAPACITY} spans)")
-            }),
+            None => self.full(),
             Some(MAX_BATCH) => self.full_batch.notify_one(),
             Some(_) => {}
         }
+    }
+
+    fn full(&self) {
+        self.drops.add(1, || {
+            format!("the export queue is full ({QUEUE_CAPACITY} spans)")
+        });
     }
 }
 
@@ -233,9 +281,8 @@ impl Exporter {
 
     /// Sends `spans`; answers how many the collector accepted none of (all of them on a failure,
     /// the rejected ones of a partial success).
-    async fn export(&self, mut spans: Vec<Ended>) -> Result<u64, ExportFailure> {
-        let body = self.encoder.request(&mut spans);
-        drop(spans); // encoded: not held while the export waits on the network
+    async fn export(&self, batch: Batch) -> Result<u64, ExportFailure> {
+        let body = self.encoder.request(batch.bytes);
         let exchange = async {
             let mut response = self
                 .http
@@ -286,7 +333,9 @@ impl Pipeline {
         counter: Option<prometheus::IntCounter>,
     ) -> (Arc<Queue>, Pipeline) {
         let queue = Arc::new(Queue {
-            spans: Mutex::new(Vec::with_capacity(MAX_BATCH)),
+            batches: Mutex::new(Batches::default()),
+            queued: AtomicUsize::new(0),
+            header_room: exporter.encoder.header_room(),
             full_batch: Notify::new(),
             in_flight: AtomicU64::new(0),
             drops: Arc::new(Drops {
@@ -350,8 +399,8 @@ async fn run(
 }
 
 /// One export, bounded by `within`; its spans counted as dropped when it fails.
-async fn send(exporter: &Exporter, queue: &Queue, batch: Vec<Ended>, within: Duration) {
-    let n = batch.len() as u64;
+async fn send(exporter: &Exporter, queue: &Queue, batch: Batch, within: Duration) {
+    let n = batch.spans as u64;
     let drops = &queue.drops;
     queue.in_flight.store(n, Ordering::Relaxed);
     let exported = tokio::time::timeout(within, exporter.export(batch)).await;

@@ -13,14 +13,15 @@
 //! traced request 17,000 instructions, more than the 10 % of its CPU tracing may add. They are
 //! sampled parent-based — a request's W3C `traceparent` decides for its whole trace, a new trace
 //! is recorded with `tracing.sample_ratio` (reloadable, [`set_sample_ratio`]) by the SDK's
-//! `TraceIdRatioBased` arithmetic — and handed, when they end, to a bounded queue that `export`
-//! empties to the collector in the background: a span that finds the queue full, or whose export
-//! fails, is dropped and counted (`tombstoned_trace_spans_dropped_total`), never waited for. The
-//! context a span runs in is our own thread-local, set around each poll by [`Span::in_scope`]
-//! (`context`): children find their parent there, the claim's statement stores it with the
-//! order's outbox event ([`current_traceparent`]), and every log line written inside it carries
-//! its ids ([`current_ids`], read by the log formatter of `cli`). What is exported is what the
-//! SDK exported: OTLP's `Span` with the same ids, parents, flags, link, status and attributes.
+//! `TraceIdRatioBased` arithmetic — and encoded, where they end, into a bounded queue that
+//! `export` empties to the collector in the background: a span that finds the queue full, or
+//! whose export fails, is dropped and counted (`tombstoned_trace_spans_dropped_total`), never
+//! waited for. The context a span runs in is our own thread-local, set around each poll by
+//! [`Span::in_scope`] (`context`): children find their parent there, the claim's statement
+//! stores it with the order's outbox event ([`current_traceparent`]), and every log line written
+//! inside it carries its ids ([`current_ids`], read by the log formatter of `cli`). What is
+//! exported is what the SDK exported: OTLP's `Span` with the same ids, parents, flags, link,
+//! status and attributes.
 //!
 //! Attributes follow OpenTelemetry's semantic conventions (HTTP server and client, database
 //! client); the project's own are under `tombstoned.`. None carries an idempotency key, a body,

@@ -11,10 +11,11 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use opentelemetry::{Array, KeyValue, Value};
 
 use super::context::SAMPLED;
-use super::span::{Ended, Kind, Record, Status};
+use super::span::{Kind, Record, Status};
 
 /// `SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`: whether the parent is remote is known.
 const HAS_IS_REMOTE: u32 = 0x100;
@@ -54,50 +55,77 @@ impl Encoder {
         }
     }
 
-    /// The request body that exports `spans`: one resource, one scope, the spans in order.
-    pub(super) fn request(&self, spans: &mut [Ended]) -> Vec<u8> {
-        // Room for the spans as the daemon makes them (300-500 bytes each), so the buffer is
-        // seldom grown (each growth copies it).
-        let mut buf = Vec::with_capacity(512 * spans.len() + 256);
+    /// How many bytes a batch keeps free before its spans for what [`Encoder::request`] writes
+    /// there: the resource, the scope, and the keys and lengths around them.
+    pub(super) fn header_room(&self) -> usize {
+        4 * (1 + 10) + self.resource.len() + self.scope.len()
+    }
+
+    /// The request body that exports a batch: `batch` is [`Encoder::header_room`] bytes, then
+    /// the spans' `ScopeSpans.spans` fields ([`append_span`]). The request's header — one
+    /// `ResourceSpans` with our resource, one `ScopeSpans` with our scope — is written at the
+    /// end of that room, and the body starts there: the spans are not copied again.
+    pub(super) fn request(&self, mut batch: Vec<u8>) -> Bytes {
+        let room = self.header_room();
+        let spans = batch.len().saturating_sub(room);
+        let scope_spans = field_len(self.scope.len()) + spans;
+        let resource_spans = field_len(self.resource.len()) + field_len(scope_spans);
+        let mut header = Vec::with_capacity(room);
         // ExportTraceServiceRequest.resource_spans
-        nested_in(&mut buf, 1, 3, |buf| {
-            // ResourceSpans.resource
-            bytes(buf, 1, &self.resource);
-            if spans.is_empty() {
-                return;
+        key(&mut header, 1, LENGTH_DELIMITED);
+        varint_raw(&mut header, resource_spans as u64);
+        // ResourceSpans.resource
+        bytes(&mut header, 1, &self.resource);
+        // ResourceSpans.scope_spans: the scope, then the spans already in `batch`.
+        key(&mut header, 2, LENGTH_DELIMITED);
+        varint_raw(&mut header, scope_spans as u64);
+        bytes(&mut header, 1, &self.scope);
+        match room.checked_sub(header.len()) {
+            Some(start) if batch.len() >= room => {
+                batch[start..room].copy_from_slice(&header);
+                Bytes::from(batch).slice(start..)
             }
-            // ResourceSpans.scope_spans
-            nested_in(buf, 2, 3, |buf| {
-                bytes(buf, 1, &self.scope);
-                for record in spans.iter_mut() {
-                    nested_in(buf, 2, 2, |buf| span(buf, record));
-                }
-            });
-        });
-        buf
+            // Not a batch made with this encoder's room: copied behind the header.
+            _ => {
+                header.extend_from_slice(&batch[room.min(batch.len())..]);
+                Bytes::from(header)
+            }
+        }
     }
 }
 
-/// A length-delimited field `field` whose contents `body` writes in place, behind `room` bytes
-/// kept for their length: the right guess (one byte for an attribute, two for a span, three
-/// for a batch) costs nothing more; a wrong one moves the contents once.
-fn nested_in(buf: &mut Vec<u8>, field: u32, room: usize, body: impl FnOnce(&mut Vec<u8>)) {
+/// A length-delimited field of `len` bytes, with its key (one byte: fields below 16) and length.
+fn field_len(len: usize) -> usize {
+    let mut length = [0u8; 10];
+    1 + varint_into(&mut length, len as u64) + len
+}
+
+/// A span's `ScopeSpans.spans` field, its message [`span`] wrote into `message`, added to a
+/// batch.
+pub(super) fn append_span(batch: &mut Vec<u8>, message: &[u8]) {
+    key(batch, 2, LENGTH_DELIMITED);
+    varint_raw(batch, message.len() as u64);
+    batch.extend_from_slice(message);
+}
+
+/// A length-delimited field `field` whose contents `body` writes in place, behind one byte kept
+/// for their length: enough below 128 bytes (an attribute, a status); longer ones (a long
+/// value) have their contents moved once to make room for the rest of their length.
+#[inline]
+fn nested(buf: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
     key(buf, field, LENGTH_DELIMITED);
     let at = buf.len();
-    buf.extend_from_slice(&[0u8; 10][..room]);
+    buf.push(0);
     body(buf);
-    let mut length = [0u8; 10];
-    let used = varint_into(&mut length, (buf.len() - at - room) as u64);
-    if used == room {
-        buf[at..at + room].copy_from_slice(&length[..used]);
-    } else {
-        buf.splice(at..at + room, length[..used].iter().copied());
+    let len = buf.len() - at - 1;
+    match u8::try_from(len) {
+        Ok(short) if short < 0x80 => buf[at] = short,
+        _ => {
+            let mut length = [0u8; 10];
+            let used = varint_into(&mut length, len as u64);
+            buf.splice(at..=at, length[..used].iter().copied());
+        }
     }
-}
-
-/// [`nested_in`] with a byte for the length: what fits in one (below 128 bytes).
-fn nested(buf: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
-    nested_in(buf, field, 1, body);
 }
 
 /// `value` as a base-128 varint into `out`; answers how many bytes it took.
@@ -112,17 +140,23 @@ fn varint_into(out: &mut [u8; 10], mut value: u64) -> usize {
     n + 1
 }
 
-fn varint_raw(buf: &mut Vec<u8>, value: u64) {
-    let mut bytes = [0u8; 10];
-    let used = varint_into(&mut bytes, value);
-    buf.extend_from_slice(&bytes[..used]);
+/// `value` as a base-128 varint: inlined, a constant below 128 (a key) is one push.
+#[inline]
+fn varint_raw(buf: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        buf.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    buf.push(value as u8);
 }
 
+#[inline]
 fn key(buf: &mut Vec<u8>, field: u32, wire_type: u32) {
     varint_raw(buf, u64::from(field << 3 | wire_type));
 }
 
 /// A `string` or `bytes` field, left out when empty (proto3's default).
+#[inline]
 fn bytes(buf: &mut Vec<u8>, field: u32, value: &[u8]) {
     if !value.is_empty() {
         key(buf, field, LENGTH_DELIMITED);
@@ -131,11 +165,13 @@ fn bytes(buf: &mut Vec<u8>, field: u32, value: &[u8]) {
     }
 }
 
+#[inline]
 fn string(buf: &mut Vec<u8>, field: u32, value: &str) {
     bytes(buf, field, value.as_bytes());
 }
 
 /// A `uint32` or enum field, left out when zero.
+#[inline]
 fn varint(buf: &mut Vec<u8>, field: u32, value: u64) {
     if value != 0 {
         key(buf, field, VARINT);
@@ -144,6 +180,7 @@ fn varint(buf: &mut Vec<u8>, field: u32, value: u64) {
 }
 
 /// A `fixed32` field, left out when zero.
+#[inline]
 fn fixed32(buf: &mut Vec<u8>, field: u32, value: u32) {
     if value != 0 {
         key(buf, field, FIXED32);
@@ -152,6 +189,7 @@ fn fixed32(buf: &mut Vec<u8>, field: u32, value: u32) {
 }
 
 /// A `fixed64` field, left out when zero.
+#[inline]
 fn fixed64(buf: &mut Vec<u8>, field: u32, value: u64) {
     if value != 0 {
         key(buf, field, FIXED64);
@@ -170,8 +208,11 @@ fn flags(remote: bool) -> u32 {
     u32::from(SAMPLED) | HAS_IS_REMOTE | if remote { IS_REMOTE } else { 0 }
 }
 
-/// `Span`, its fields in the order of their numbers, as `prost` writes them.
-fn span(buf: &mut Vec<u8>, record: &mut Record) {
+/// The `Span` message of an ended span, into `buf`: its fields in the order of their numbers,
+/// as `prost` writes them.
+pub(super) fn span(buf: &mut Vec<u8>, record: &mut Record) {
+    // Room for a span as the daemon makes them, so that no field grows the buffer.
+    buf.reserve(1024);
     let context = &record.context;
     bytes(buf, 1, &context.trace_id.to_be_bytes());
     bytes(buf, 2, &context.span_id.to_be_bytes());
@@ -183,7 +224,7 @@ fn span(buf: &mut Vec<u8>, record: &mut Record) {
     varint(buf, 6, span_kind(record.kind));
     fixed64(buf, 7, nanos(record.start));
     fixed64(buf, 8, nanos(record.end));
-    // The record is the export's alone now: no lock to take.
+    // The record is ending: no one else holds it, no lock to take.
     let data = record
         .data
         .get_mut()
@@ -219,6 +260,7 @@ fn span_kind(kind: Kind) -> u64 {
 }
 
 /// `KeyValue`: the key, and the value (always present).
+#[inline]
 fn key_value(buf: &mut Vec<u8>, attribute: &KeyValue) {
     string(buf, 1, attribute.key.as_str());
     nested(buf, 2, |buf| any_value(buf, &attribute.value));
@@ -246,22 +288,26 @@ fn any_value(buf: &mut Vec<u8>, value: &Value) {
     }
 }
 
+#[inline]
 fn bool_value(buf: &mut Vec<u8>, value: bool) {
     key(buf, 2, VARINT);
     varint_raw(buf, u64::from(value));
 }
 
+#[inline]
 fn int_value(buf: &mut Vec<u8>, value: i64) {
     key(buf, 3, VARINT);
     // int64: two's complement, as prost encodes it.
     varint_raw(buf, u64::from_ne_bytes(value.to_ne_bytes()));
 }
 
+#[inline]
 fn double_value(buf: &mut Vec<u8>, value: f64) {
     key(buf, 4, FIXED64);
     buf.extend_from_slice(&value.to_le_bytes());
 }
 
+#[inline]
 fn string_value(buf: &mut Vec<u8>, value: &str) {
     key(buf, 1, LENGTH_DELIMITED);
     varint_raw(buf, value.len() as u64);
@@ -269,6 +315,7 @@ fn string_value(buf: &mut Vec<u8>, value: &str) {
 }
 
 /// `ArrayValue.values`.
+#[inline]
 fn array_values<T>(buf: &mut Vec<u8>, values: &[T], value: impl Fn(&mut Vec<u8>, &T)) {
     for v in values {
         nested(buf, 1, |buf| value(buf, v));
@@ -315,7 +362,7 @@ mod tests {
     /// Spans of every shape: each kind, with and without a parent (local and remote), a link,
     /// a trace state, attributes added later, each status; one so long its length takes three
     /// bytes, one without attributes.
-    fn record(n: u64) -> Ended {
+    fn record(n: u64) -> Record {
         let start = UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789 + n);
         let mut attributes = every_kind_of_value();
         let mut more = vec![KeyValue::new("later", n as i64)];
@@ -325,7 +372,7 @@ mod tests {
             2 => attributes.push(KeyValue::new("big", "y".repeat(20_000))),
             _ => {}
         }
-        Box::new(Record {
+        Record {
             context: SpanContext {
                 trace_id: 0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736 + u128::from(n),
                 span_id: 0x00f0_67aa_0ba9_02b7 + n,
@@ -350,7 +397,7 @@ mod tests {
                     Status::Error("55P03".to_owned())
                 },
             }),
-        })
+        }
     }
 
     /// `opentelemetry-proto`'s own conversion of an attribute value.
@@ -453,7 +500,7 @@ mod tests {
             dropped_attributes_count: 0,
             entity_refs: Vec::new(),
         };
-        let mut spans: Vec<Ended> = (0..12).map(record).collect();
+        let mut spans: Vec<Record> = (0..12).map(record).collect();
         let expected = ExportTraceServiceRequest {
             resource_spans: vec![trace::ResourceSpans {
                 resource: Some(resource_message.clone()),
@@ -464,20 +511,20 @@ mod tests {
                         attributes: Vec::new(),
                         dropped_attributes_count: 0,
                     }),
-                    spans: spans.iter().map(|s| proto_span(s)).collect(),
+                    spans: spans.iter().map(proto_span).collect(),
                     schema_url: String::new(),
                 }],
                 schema_url: String::new(),
             }],
         };
-        let encoded = encoder.request(&mut spans);
+        let encoded = encoder.request(batch(&encoder, &mut spans));
         assert_eq!(
-            ExportTraceServiceRequest::decode(encoded.as_slice()).unwrap(),
+            ExportTraceServiceRequest::decode(&encoded[..]).unwrap(),
             expected
         );
         assert!(encoded == expected.encode_to_vec(), "not byte for byte");
 
-        // One short span (its length one byte), and an empty batch: still well-formed.
+        // One short span (its length one byte).
         let mut short = vec![record(1)];
         short[0].name = "x".into();
         short[0].data.get_mut().unwrap().more.clear();
@@ -493,14 +540,23 @@ mod tests {
             }],
         };
         assert!(one.resource_spans[0].scope_spans[0].spans[0].encoded_len() < 128);
-        assert!(encoder.request(&mut short) == one.encode_to_vec());
-        let none = ExportTraceServiceRequest {
-            resource_spans: vec![trace::ResourceSpans {
-                resource: Some(resource_message),
-                scope_spans: Vec::new(),
-                schema_url: String::new(),
-            }],
-        };
-        assert!(encoder.request(&mut []) == none.encode_to_vec());
+        assert!(encoder.request(batch(&encoder, &mut short)) == one.encode_to_vec());
+        // A batch without its room is still encoded whole (copied behind the header).
+        let mut unroomed = batch(&encoder, &mut short);
+        unroomed.drain(..encoder.header_room() - 1);
+        let unroomed = encoder.request(unroomed);
+        assert!(ExportTraceServiceRequest::decode(&unroomed[..]).is_ok());
+    }
+
+    /// A batch as the queue makes it: the header's room, then each span's field.
+    fn batch(encoder: &Encoder, spans: &mut [Record]) -> Vec<u8> {
+        let mut batch = vec![0; encoder.header_room()];
+        let mut message = Vec::new();
+        for record in spans {
+            message.clear();
+            span(&mut message, record);
+            append_span(&mut batch, &message);
+        }
+        batch
     }
 }

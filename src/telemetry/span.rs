@@ -3,8 +3,8 @@
 //!
 //! A span is one boxed record, owned by the [`Span`] alone: the context its future carries
 //! ([`Span::in_scope`]) and its children keep are copies of its ids, not references to it. So
-//! ending it — [`Span::end`], or the drop of a request abandoned half way — is moving one box
-//! into the queue.
+//! ending it — [`Span::end`], or the drop of a request abandoned half way — is encoding it into
+//! the export queue there and then, and freeing it.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -30,13 +30,10 @@ pub enum Kind {
 
 /// A span, or nothing (tracing off, or its trace not recorded). It ends at [`Span::end`], or
 /// when it is dropped (a request abandoned half way still ends its spans).
+///
+/// Boxed, so that a `Span` is one word in every future that holds one, tracing off or on.
 #[derive(Debug, Default)]
 pub struct Span(Option<Box<Record>>);
-
-/// An ended span, as the export queue holds it: still in the box it ran in, so that ending it
-/// and queueing it move a pointer, not the record (and a `Span` that is none stays one word in
-/// every future that holds one, tracing off or on).
-pub(super) type Ended = Box<Record>;
 
 /// A recorded span: set when it starts, its attributes and status added while it runs, its end
 /// time set when it ends.
@@ -311,7 +308,7 @@ impl Span {
     pub fn traceparent(&self) -> Option<String> {
         self.0
             .as_ref()
-            .map(|record| context::format(&record.context))
+            .map(|record| context::format(record.context.trace_id, record.context.span_id))
     }
 
     /// `future`, with this span current while it runs (each poll), so the spans it starts are
@@ -332,13 +329,13 @@ impl Record {
 }
 
 impl Drop for Span {
-    /// The end: the end time set and the record queued for export (or dropped and counted when
-    /// the queue is full), never waited for.
+    /// The end: the end time set, and the span encoded into the export queue (or dropped and
+    /// counted when the queue is full), never waited for; its record freed on this thread.
     fn drop(&mut self) {
         if let Some(mut record) = self.0.take() {
             record.end = SystemTime::now();
             if let Some(installed) = super::installed() {
-                installed.queue.push(record);
+                installed.queue.push(&mut record);
             }
         }
     }
