@@ -229,8 +229,13 @@ pub(super) fn span(buf: &mut Vec<u8>, record: &mut Record) {
         .data
         .get_mut()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(statement) = record.statement {
+        // A database span's two attributes, which it carries as its statement's name.
+        small_attribute(buf, b"db.system.name", &[], b"postgresql");
+        small_attribute(buf, b"db.query.summary", &[], statement.as_bytes());
+    }
     for attribute in data.attributes.iter().chain(&data.more) {
-        nested(buf, 9, |buf| key_value(buf, attribute));
+        attribute_field(buf, attribute);
     }
     if let Some((trace_id, span_id)) = record.link {
         nested(buf, 13, |buf| {
@@ -257,6 +262,65 @@ fn span_kind(kind: Kind) -> u64 {
         Kind::Server => 2,
         Kind::Client => 3,
     }
+}
+
+/// A `Span.attributes` field. The values the daemon makes (a short text, an integer, a flag)
+/// are written in one go, their lengths known beforehand; any other through [`key_value`].
+#[inline]
+fn attribute_field(buf: &mut Vec<u8>, attribute: &KeyValue) {
+    let key = attribute.key.as_str().as_bytes();
+    let mut scalar = [0u8; 11];
+    let (head, text): (&[u8], &[u8]) = match &attribute.value {
+        Value::String(s) => (&[], s.as_str().as_bytes()),
+        Value::I64(i) => {
+            scalar[0] = (3 << 3 | VARINT) as u8;
+            let mut digits = [0u8; 10];
+            let used = varint_into(&mut digits, u64::from_ne_bytes(i.to_ne_bytes()));
+            scalar[1..=used].copy_from_slice(&digits[..used]);
+            (&scalar[..=used], &[])
+        }
+        Value::Bool(b) => {
+            scalar[..2].copy_from_slice(&[(2 << 3 | VARINT) as u8, u8::from(*b)]);
+            (&scalar[..2], &[])
+        }
+        _ => return nested(buf, 9, |buf| key_value(buf, attribute)),
+    };
+    if !small_attribute(buf, key, head, text) {
+        nested(buf, 9, |buf| key_value(buf, attribute));
+    }
+}
+
+/// A `Span.attributes` field whose value is `head` (a scalar's field) or else the text `text`,
+/// written in one go when every length fits in one byte and the key is not empty (an empty key
+/// is left out, as proto3 does); answers whether it was.
+#[inline]
+fn small_attribute(buf: &mut Vec<u8>, key: &[u8], head: &[u8], text: &[u8]) -> bool {
+    // AnyValue: the scalar's field, or string_value (key, length, text).
+    let any_len = if head.is_empty() {
+        2 + text.len()
+    } else {
+        head.len()
+    };
+    // KeyValue: key (key, length, key), value (key, length, AnyValue).
+    let key_value_len = 2 + key.len() + 2 + any_len;
+    if key.is_empty() || key_value_len >= 0x80 {
+        return false;
+    }
+    buf.extend_from_slice(&[
+        (9 << 3 | LENGTH_DELIMITED) as u8,
+        key_value_len as u8,
+        (1 << 3 | LENGTH_DELIMITED) as u8,
+        key.len() as u8,
+    ]);
+    buf.extend_from_slice(key);
+    buf.extend_from_slice(&[(2 << 3 | LENGTH_DELIMITED) as u8, any_len as u8]);
+    if head.is_empty() {
+        buf.extend_from_slice(&[(1 << 3 | LENGTH_DELIMITED) as u8, text.len() as u8]);
+        buf.extend_from_slice(text);
+    } else {
+        buf.extend_from_slice(head);
+    }
+    true
 }
 
 /// `KeyValue`: the key, and the value (always present).
@@ -356,6 +420,9 @@ mod tests {
             ),
             // Long enough that the attribute's length takes two bytes.
             KeyValue::new("long", "x".repeat(300)),
+            KeyValue::new("almost long", "x".repeat(110)),
+            KeyValue::new("min", i64::MIN),
+            KeyValue::new("", "no key"),
         ]
     }
 
@@ -386,6 +453,7 @@ mod tests {
             link: (n % 5 == 1).then_some((9, 8)),
             name: format!("span {n}").into(),
             kind: [Kind::Internal, Kind::Server, Kind::Client][(n % 3) as usize],
+            statement: (n % 3 == 2).then_some("claim_and_create"),
             start,
             end: start + Duration::from_micros(57),
             data: Mutex::new(Data {
@@ -461,7 +529,20 @@ mod tests {
             } as i32,
             start_time_unix_nano: nanos(record.start),
             end_time_unix_nano: nanos(record.end),
-            attributes: proto_attributes(data.attributes.iter().chain(&data.more)),
+            attributes: proto_attributes(
+                record
+                    .statement
+                    .map(|statement| {
+                        [
+                            KeyValue::new("db.system.name", "postgresql"),
+                            KeyValue::new("db.query.summary", statement),
+                        ]
+                    })
+                    .iter()
+                    .flatten()
+                    .chain(&data.attributes)
+                    .chain(&data.more),
+            ),
             dropped_attributes_count: 0,
             events: Vec::new(),
             dropped_events_count: 0,

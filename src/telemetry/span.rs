@@ -48,6 +48,9 @@ pub(super) struct Record {
     pub(super) link: Option<(u128, u64)>,
     pub(super) name: Cow<'static, str>,
     pub(super) kind: Kind,
+    /// A database client span's statement: its attributes `db.system.name` (`postgresql`) and
+    /// `db.query.summary` (the statement), first, without a `Vec` made for every statement.
+    pub(super) statement: Option<&'static str>,
     pub(super) start: SystemTime,
     pub(super) end: SystemTime,
     /// What `set` and `fail` add through a shared reference (a span is shared by the code it
@@ -120,22 +123,34 @@ impl Span {
         kind: Kind,
         attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> Self {
+        Self::child_of_current(name, kind, None, attributes)
+    }
+
+    fn child_of_current(
+        name: impl Into<Cow<'static, str>>,
+        kind: Kind,
+        statement: Option<&'static str>,
+        attributes: impl FnOnce() -> Vec<KeyValue>,
+    ) -> Self {
         if super::installed().is_none() {
             return Span::none();
         }
         // Only a recorded span is ever current: the parent-based decision is always yes.
         match context::current() {
             Some(parent) => {
-                let parent_id = Some((parent.span_id, false));
-                Self::start(
+                let mut span = Self::start(
                     parent.trace_id,
                     parent.state,
-                    parent_id,
+                    Some((parent.span_id, false)),
                     None,
                     name,
                     kind,
                     attributes,
-                )
+                );
+                if let Some(record) = &mut span.0 {
+                    record.statement = statement;
+                }
+                span
             }
             None => Span::none(),
         }
@@ -177,12 +192,7 @@ impl Span {
     /// name in the feature's `sql` module, e.g. `claim_and_create`): OpenTelemetry's database
     /// conventions, with nothing of the statement's parameters.
     pub fn database(statement: &'static str) -> Self {
-        Self::child(statement, Kind::Client, || {
-            vec![
-                KeyValue::new("db.system.name", "postgresql"),
-                KeyValue::new("db.query.summary", statement),
-            ]
-        })
+        Self::child_of_current(statement, Kind::Client, Some(statement), Vec::new)
     }
 
     /// Marks a database client span failed with the SQLSTATE the server answered (`None`: no
@@ -261,6 +271,7 @@ impl Span {
             link,
             name: name.into(),
             kind,
+            statement: None,
             start,
             end: start,
             data: Mutex::new(Data {
