@@ -372,7 +372,9 @@ pub async fn claim(
         .await;
     match &result {
         Ok(outcome) => span.set(|| {
-            let mut attributes = vec![Attribute::new("tombstoned.outcome", outcome.metric_label())];
+            // With the order id's room: growing the Vec would reallocate it.
+            let mut attributes = Vec::with_capacity(2);
+            attributes.push(Attribute::new("tombstoned.outcome", outcome.metric_label()));
             if let ClaimOutcome::Created { order_id, .. } = outcome {
                 attributes.push(Attribute::new("tombstoned.order_id", order_id.to_string()));
             }

@@ -96,11 +96,13 @@ fn server_span(request: &Request, spec: Option<&'static RouteSpec>, method: &'st
         _ => "1.1",
     };
     Span::server(name, header("traceparent"), header("tracestate"), || {
-        let mut attributes = vec![
+        // With the route's two already: growing the Vec would reallocate it.
+        let mut attributes = Vec::with_capacity(5);
+        attributes.extend([
             Attribute::new("http.request.method", method),
             Attribute::new("url.scheme", "http"),
             Attribute::new("network.protocol.version", version),
-        ];
+        ]);
         if let Some(spec) = spec {
             attributes.push(Attribute::new("http.route", spec.path));
             if !spec.path.contains('{') {

@@ -1,27 +1,26 @@
-//! The export of ended spans, which never makes the service wait: a bounded queue (the SDK's
-//! span processor is ours, [`QueueProcessor`]), one background task that sends it in batches to
-//! the collector over OTLP/HTTP with protobuf ([`Exporter`]), and the account of every span
-//! dropped on the way ([`Drops`]) — the queue full, or an export that failed or did not finish in
-//! time — counted in `tombstoned_trace_spans_dropped_total` and logged at most once a minute.
+//! The export of ended spans, which never makes the service wait: a bounded queue ([`Queue`]:
+//! a span that ends joins it), one background task that sends it in batches to the collector
+//! over OTLP/HTTP with protobuf ([`Exporter`]), and the account of every span dropped on the way
+//! ([`Drops`]) — the queue full, or an export that failed or did not finish in time — counted in
+//! `tombstoned_trace_spans_dropped_total` and logged at most once a minute.
 //!
-//! Why not the SDK's `BatchSpanProcessor`: it keeps its drop count to itself (one line at
-//! shutdown), and runs its exporter on a thread of its own where the relay's async reqwest cannot
-//! run. The sizes are the OpenTelemetry specification's defaults for a batch span processor.
+//! The sizes are the OpenTelemetry specification's defaults for a batch span processor; unlike
+//! the SDK's `BatchSpanProcessor`, every drop is counted where the daemon shows it, and the
+//! export runs on the runtime, with the relay's async reqwest.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use opentelemetry::Context;
+use opentelemetry::KeyValue;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
-use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{Span as SdkSpan, SpanData, SpanProcessor};
-use opentelemetry_sdk::Resource;
 use prost::Message as _;
 use reqwest::Url;
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::span::Record;
 use super::TelemetryError;
 use crate::config::TracingConfig;
 
@@ -39,10 +38,24 @@ const DROP_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// How much of a collector's answer is read: the partial success message is small.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
-/// The queue between the spans' ends and the export task.
+/// The queue between the spans' ends and the export task: the ended spans already encoded,
+/// in batches of at most [`MAX_BATCH`].
+///
+/// A span is encoded where it ends, on the request's thread, and its record freed there: so the
+/// thread that allocated a span's record, attributes and texts frees them too, which the
+/// allocator does cheaply (handed to the export task they were freed on another thread, in
+/// bulk, and every request then allocated from an emptied cache). The export task only adds a
+/// header to a batch's bytes.
 #[derive(Debug)]
-struct Queue {
-    spans: Mutex<Vec<SpanData>>,
+pub(super) struct Queue {
+    batches: Mutex<Batches>,
+    /// How many spans are queued (what `batches` counts, readable without the lock): a span
+    /// that would be dropped is not encoded first.
+    queued: AtomicUsize,
+    /// The bytes each batch keeps free for the request's header ([`Encoder::header_room`]).
+    ///
+    /// [`Encoder::header_room`]: super::otlp::Encoder::header_room
+    header_room: usize,
     /// Wakes the task when a whole batch is waiting (not for every span: a wake-up per span
     /// would cost every request a thread hop).
     full_batch: Notify,
@@ -51,64 +64,83 @@ struct Queue {
     drops: Arc<Drops>,
 }
 
+#[derive(Debug, Default)]
+struct Batches {
+    spans: usize,
+    /// Oldest first; only the last one is still filling.
+    list: VecDeque<Batch>,
+}
+
+/// Encoded spans for one export request.
+#[derive(Debug)]
+struct Batch {
+    spans: usize,
+    /// The header's room, then each span's `ScopeSpans.spans` field.
+    bytes: Vec<u8>,
+}
+
+thread_local! {
+    /// Where a span is encoded before it joins its batch (outside the lock); kept, so that it
+    /// is not allocated again for every span.
+    static SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
 impl Queue {
-    /// Up to [`MAX_BATCH`] spans, oldest first; `None` when there are none.
-    fn take(&self) -> Option<Vec<SpanData>> {
-        let mut spans = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
-        if spans.is_empty() {
-            return None;
-        }
-        if spans.len() <= MAX_BATCH {
-            // The queue keeps a batch's room: grown again from nothing, a Vec of spans would be
-            // copied whole at every doubling, on the requests' threads.
-            return Some(std::mem::replace(
-                &mut *spans,
-                Vec::with_capacity(MAX_BATCH),
-            ));
-        }
-        Some(spans.drain(..MAX_BATCH).collect())
+    /// The oldest batch; `None` when nothing is queued.
+    fn take(&self) -> Option<Batch> {
+        let mut batches = self.batches.lock().unwrap_or_else(PoisonError::into_inner);
+        let batch = batches.list.pop_front()?;
+        batches.spans -= batch.spans;
+        self.queued.store(batches.spans, Ordering::Relaxed);
+        Some(batch)
     }
 
     fn len(&self) -> usize {
-        self.spans
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.queued.load(Ordering::Relaxed)
     }
-}
 
-/// The SDK's span processor: an ended span joins the queue, or is dropped when it is full.
-#[derive(Debug)]
-pub(super) struct QueueProcessor(Arc<Queue>);
-
-impl SpanProcessor for QueueProcessor {
-    fn on_start(&self, _span: &mut SdkSpan, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
+    /// An ended span joins the queue, encoded; or is dropped (counted) when the queue is full.
+    pub(super) fn push(&self, record: &mut Record) {
+        if self.len() >= QUEUE_CAPACITY {
+            return self.full();
+        }
+        let mut message = SCRATCH.try_with(Cell::take).unwrap_or_default();
+        message.clear();
+        super::otlp::span(&mut message, record);
         let queued = {
-            let mut spans = self.0.spans.lock().unwrap_or_else(PoisonError::into_inner);
-            if spans.len() >= QUEUE_CAPACITY {
+            let mut batches = self.batches.lock().unwrap_or_else(PoisonError::into_inner);
+            let batches = &mut *batches;
+            if batches.spans >= QUEUE_CAPACITY {
                 None
             } else {
-                spans.push(span);
-                Some(spans.len())
+                if !matches!(batches.list.back(), Some(last) if last.spans < MAX_BATCH) {
+                    // Room for the header, and for the spans of a busy second (each growth
+                    // copies the batch).
+                    let mut bytes = Vec::with_capacity(self.header_room + 64 * 1024);
+                    bytes.resize(self.header_room, 0);
+                    batches.list.push_back(Batch { spans: 0, bytes });
+                }
+                batches.list.back_mut().map(|batch| {
+                    super::otlp::append_span(&mut batch.bytes, &message);
+                    batch.spans += 1;
+                    batches.spans += 1;
+                    self.queued.store(batches.spans, Ordering::Relaxed);
+                    batch.spans
+                })
             }
         };
+        let _ = SCRATCH.try_with(|scratch| scratch.set(message));
         match queued {
-            None => self.0.drops.add(1, || {
-                format!("the export queue is full ({QUEUE_CAPACITY} spans)")
-            }),
-            Some(MAX_BATCH) => self.0.full_batch.notify_one(),
+            None => self.full(),
+            Some(MAX_BATCH) => self.full_batch.notify_one(),
             Some(_) => {}
         }
     }
 
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
+    fn full(&self) {
+        self.drops.add(1, || {
+            format!("the export queue is full ({QUEUE_CAPACITY} spans)")
+        });
     }
 }
 
@@ -203,7 +235,7 @@ impl Exporter {
     pub(super) fn new(
         config: &TracingConfig,
         url: Url,
-        resource: &Resource,
+        resource: &[KeyValue],
     ) -> Result<Self, TelemetryError> {
         let mut builder = reqwest::Client::builder()
             .timeout(EXPORT_TIMEOUT)
@@ -243,15 +275,14 @@ impl Exporter {
                 .map_err(|e| TelemetryError::Client(crate::db::error_text(&e)))?,
             url,
             headers,
-            encoder: super::otlp::Encoder::new(&ResourceAttributesWithSchema::from(resource)),
+            encoder: super::otlp::Encoder::new(resource, "tombstoned", env!("CARGO_PKG_VERSION")),
         })
     }
 
     /// Sends `spans`; answers how many the collector accepted none of (all of them on a failure,
     /// the rejected ones of a partial success).
-    async fn export(&self, spans: Vec<SpanData>) -> Result<u64, ExportFailure> {
-        let body = self.encoder.request(&spans);
-        drop(spans); // encoded: not held while the export waits on the network
+    async fn export(&self, batch: Batch) -> Result<u64, ExportFailure> {
+        let body = self.encoder.request(batch.bytes);
         let exchange = async {
             let mut response = self
                 .http
@@ -296,13 +327,15 @@ pub(super) struct Pipeline {
 }
 
 impl Pipeline {
-    /// The processor to give the SDK, and the export task, spawned on the current runtime.
+    /// The queue ended spans go to, and the export task, spawned on the current runtime.
     pub(super) fn start(
         exporter: Exporter,
         counter: Option<prometheus::IntCounter>,
-    ) -> (QueueProcessor, Pipeline) {
+    ) -> (Arc<Queue>, Pipeline) {
         let queue = Arc::new(Queue {
-            spans: Mutex::new(Vec::with_capacity(MAX_BATCH)),
+            batches: Mutex::new(Batches::default()),
+            queued: AtomicUsize::new(0),
+            header_room: exporter.encoder.header_room(),
             full_batch: Notify::new(),
             in_flight: AtomicU64::new(0),
             drops: Arc::new(Drops {
@@ -313,7 +346,7 @@ impl Pipeline {
         });
         let (flush, requests) = mpsc::channel(1);
         tokio::spawn(run(queue.clone(), exporter, requests));
-        (QueueProcessor(queue.clone()), Pipeline { queue, flush })
+        (queue.clone(), Pipeline { queue, flush })
     }
 
     /// Sends what is queued, within `bound`; what is left then is dropped.
@@ -366,8 +399,8 @@ async fn run(
 }
 
 /// One export, bounded by `within`; its spans counted as dropped when it fails.
-async fn send(exporter: &Exporter, queue: &Queue, batch: Vec<SpanData>, within: Duration) {
-    let n = batch.len() as u64;
+async fn send(exporter: &Exporter, queue: &Queue, batch: Batch, within: Duration) {
+    let n = batch.spans as u64;
     let drops = &queue.drops;
     queue.in_flight.store(n, Ordering::Relaxed);
     let exported = tokio::time::timeout(within, exporter.export(batch)).await;
