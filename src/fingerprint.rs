@@ -15,7 +15,9 @@
 //! live (forever): any change to this encoding needs a new `fingerprint_version`, and the golden
 //! test below pins version 1.
 
-use serde::Serialize;
+use std::io;
+
+use serde::{Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
 use crate::order_request::OrderRequest;
@@ -41,7 +43,7 @@ pub struct FingerprintError(#[source] serde_json::Error);
 /// two byte for byte, over arbitrary strings.
 #[derive(Serialize)]
 struct CanonicalIntent<'a> {
-    amount_minor: String,
+    amount_minor: MinorUnits,
     api_version: &'a str,
     currency: &'a str,
     fingerprint_version: u32,
@@ -54,7 +56,7 @@ struct CanonicalIntent<'a> {
 impl<'a> CanonicalIntent<'a> {
     fn new(order: &'a OrderRequest, api_version: &'a str) -> Self {
         CanonicalIntent {
-            amount_minor: order.amount_minor.to_string(),
+            amount_minor: MinorUnits(order.amount_minor),
             api_version,
             currency: order.currency.code(),
             fingerprint_version: FINGERPRINT_VERSION,
@@ -66,13 +68,42 @@ impl<'a> CanonicalIntent<'a> {
     }
 }
 
+/// `amount_minor` as a JSON string of its decimal digits (the text of `i64::to_string`), formatted
+/// on the stack.
+struct MinorUnits(i64);
+
+impl Serialize for MinorUnits {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(itoa::Buffer::new().format(self.0))
+    }
+}
+
+/// Feeds what serde_json writes straight into SHA-256: the canonical text is never stored.
+struct HashWriter(Sha256);
+
+impl io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.0.update(bytes);
+        Ok(())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 impl Fingerprint {
     /// The fingerprint of a validated request under an API version: SHA-256 of
-    /// [`Fingerprint::canonical_json`]'s bytes, written by serde_json from the key-ordered struct.
+    /// [`Fingerprint::canonical_json`]'s bytes, written by serde_json from the key-ordered struct
+    /// into the hash as it goes.
     pub fn of(order: &OrderRequest, api_version: &str) -> Result<Self, FingerprintError> {
-        let canonical = serde_json::to_vec(&CanonicalIntent::new(order, api_version))
+        let mut hash = HashWriter(Sha256::new());
+        serde_json::to_writer(&mut hash, &CanonicalIntent::new(order, api_version))
             .map_err(FingerprintError)?;
-        Ok(Self(Sha256::digest(&canonical).into()))
+        Ok(Self(hash.0.finalize().into()))
     }
 
     /// The exact bytes that are hashed (for documentation and tests), as RFC 8785 defines them:
@@ -183,6 +214,26 @@ mod tests {
         let b =
             fp(r#"{"request_id":"r","amount_minor":9007199254740992,"item":"i","recipient":"x"}"#);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn texts_longer_than_a_hash_block_hash_as_their_canonical_text() {
+        // serde_json writes into the hash piece by piece; pieces of every size, across blocks.
+        for n in [0, 1, 63, 64, 65, 255, 1000] {
+            let order = order_of(
+                "r".repeat(n.max(1)),
+                "中".repeat(n),
+                "\n".repeat(n),
+                i64::MIN,
+                -1,
+            );
+            let jcs = Fingerprint::canonical_json(&order, V).unwrap();
+            assert_eq!(
+                Fingerprint::of(&order, V).unwrap().0,
+                <[u8; 32]>::from(Sha256::digest(jcs.as_bytes())),
+                "{n}"
+            );
+        }
     }
 
     fn order_of(
